@@ -1,0 +1,82 @@
+"""/v1/recommendations: create (POST), list with filters, fetch, compare, export."""
+from __future__ import annotations
+
+import csv
+import io
+
+from flask import Response, jsonify
+from flask.views import MethodView
+from flask_smorest import Blueprint
+from marshmallow import fields, validate
+
+from ..auth import token_required
+from ..schemas import (CompareQuerySchema, CompareSchema, RecommendationQuerySchema, RecommendationSchema,
+                       RecommendationSummarySchema, ScenarioSchema)
+from ..services import recommendations as service
+from . import SelectPage
+
+blp = Blueprint("recommendations", __name__, url_prefix="/v1/recommendations",
+                description="Go / no-go answers for a workload, stored and immutable.")
+
+
+class SummaryPage(SelectPage):
+    @property
+    def items(self):  # noqa: ANN201
+        return [service.summary(r) for r in super().items]
+
+
+class ExportQuerySchema(RecommendationQuerySchema):
+    format = fields.String(load_default="csv", validate=validate.OneOf(("csv", "json")))
+    limit = fields.Integer(load_default=10_000, validate=validate.Range(min=1, max=100_000))
+
+
+@blp.route("")
+class Recommendations(MethodView):
+    @blp.arguments(RecommendationQuerySchema, location="query")
+    @blp.response(200, RecommendationSummarySchema(many=True))
+    @blp.paginate(SummaryPage)
+    def get(self, filters):
+        """List stored recommendations (newest first), filtered by GPU, model, method, decision, date."""
+        return service.filtered(filters)
+
+    @token_required(unless_config="OPEN_RECOMMENDATIONS")
+    @blp.arguments(ScenarioSchema)
+    @blp.response(201, RecommendationSchema)
+    def post(self, scenario):
+        """Answer a workload scenario and store the answer."""
+        return service.as_dict(service.create(scenario))
+
+
+@blp.route("/compare")
+class Compare(MethodView):
+    @blp.arguments(CompareQuerySchema, location="query")
+    @blp.response(200, CompareSchema)
+    def get(self, args):
+        """2–6 recommendations side by side."""
+        return service.compare(args["ids"])
+
+
+@blp.route("/export")
+class Export(MethodView):
+    @blp.arguments(ExportQuerySchema, location="query")
+    @blp.response(200, description="CSV (text/csv) or JSON list; columns documented in the README.")
+    def get(self, args):
+        """Export a filtered list with stable column names, as CSV or JSON."""
+        rows = [service.summary(r) for r in service.list_all(args, limit=args["limit"])]
+        if args["format"] == "json":
+            return jsonify(RecommendationSummarySchema(many=True).dump(rows))
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=service.EXPORT_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for row in RecommendationSummarySchema(many=True).dump(rows):
+            writer.writerow(row)
+        return Response(out.getvalue(), mimetype="text/csv",
+                        headers={"Content-Disposition": "attachment; filename=recommendations.csv"})
+
+
+@blp.route("/<int:rec_id>")
+class RecommendationById(MethodView):
+    @blp.response(200, RecommendationSchema)
+    def get(self, rec_id):
+        """One stored recommendation: the scenario and the full answer."""
+        return service.as_dict(service.get(rec_id))

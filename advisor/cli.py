@@ -1,0 +1,199 @@
+"""The ``advisor`` command: serve, predict, step-time, validate, calibrate, worker, tokens, catalog, report."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from flask.cli import FlaskGroup, with_appcontext
+from marshmallow import ValidationError
+
+
+def _create_app():  # noqa: ANN202
+    from . import create_app
+
+    return create_app()
+
+
+@click.group(cls=FlaskGroup, create_app=_create_app, add_default_commands=True, add_version_option=False)
+def main() -> None:
+    """specadvisor: does speculative decoding in vLLM pay off for this workload?"""
+
+
+def _read_json_list(path: str, what: str) -> list[Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8") if path != "-" else sys.stdin.read())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {what}: {exc}") from None
+    if not isinstance(data, list):
+        raise click.BadParameter(f"{what} must be a JSON list")
+    return data
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@main.command()
+@click.option("--scenarios", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="JSON list of scenarios (the POST /v1/recommendations body).")
+@click.option("--store", is_flag=True, help="Also store each answer as a recommendation.")
+@with_appcontext
+def predict(scenarios: str, store: bool) -> None:
+    """Print a JSON list of answers, one per scenario, in order (an error object where one is invalid)."""
+    from .errors import ApiError, flatten_messages
+    from .schemas import ScenarioSchema
+    from .services import recommendations
+
+    answers, failed = [], 0
+    for raw in _read_json_list(scenarios, "scenarios"):
+        try:
+            scenario = ScenarioSchema().load(raw)
+            if store:
+                answers.append(recommendations.as_dict(recommendations.create(scenario)))
+            else:
+                answers.append(recommendations.predict(scenario)[0])
+        except ValidationError as exc:
+            failed += 1
+            answers.append({"error": {"status": 422, "code": "validation_error",
+                                      "fields": flatten_messages(exc.messages)}})
+        except ApiError as exc:
+            failed += 1
+            answers.append({"error": {"status": exc.status, "code": exc.code, "message": exc.message,
+                                      "fields": exc.fields}})
+    _echo_json(answers)
+    sys.exit(1 if failed else 0)
+
+
+@main.command("step-time")
+@click.option("--queries", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help='JSON list of {"gpu", "model", "batch", "query_tokens", "context_tokens"}.')
+@with_appcontext
+def step_time(queries: str) -> None:
+    """Print a JSON list of {"step_time_ms": …}: catalog roofline, or the newest calibration's fit."""
+    from . import costmodel
+    from .services import calibrations, catalog
+
+    out = []
+    for q in _read_json_list(queries, "queries"):
+        try:
+            gpu = catalog.gpu_spec(catalog.require_gpu(q["gpu"]))
+            model = catalog.model_spec(catalog.require_model(q["model"], "model"))
+            calibration = calibrations.calibration_for(gpu.name, model.name, "ngram", None)
+            params = calibration.step_time.get(model.name) if calibration else None
+            seconds = costmodel.step_time_s(gpu, model, int(q["batch"]), int(q["query_tokens"]),
+                                            int(q["context_tokens"]), weights_dtype=q.get("weights_dtype", "bf16"),
+                                            gpu_count=int(q.get("gpu_count", 1)), params=params)
+            out.append({"step_time_ms": seconds * 1e3,
+                        "source": f"calibration:{calibration.run_id}" if params else "catalog"})
+        except (KeyError, TypeError, ValueError) as exc:
+            out.append({"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # ApiError: unknown GPU or model
+            out.append({"error": getattr(exc, "message", str(exc))})
+    _echo_json(out)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def validate(ctx: click.Context) -> None:
+    """Predict every published case and compare (exits non-zero when the accuracy target is missed)."""
+    import argparse
+
+    from benchmarks import validate as bench
+
+    parser = argparse.ArgumentParser(prog="advisor validate")
+    bench.add_cli_args(parser)
+    sys.exit(bench.main(parser.parse_args(ctx.args)))
+
+
+@main.command("create-token")
+@click.argument("name")
+@with_appcontext
+def create_token_cmd(name: str) -> None:
+    """Create an API token; it is printed once and stored only as a hash."""
+    from .auth import create_token
+
+    click.echo(create_token(name))
+
+
+@main.command("revoke-token")
+@click.argument("prefix")
+@with_appcontext
+def revoke_token_cmd(prefix: str) -> None:
+    """Revoke tokens by their first 8 characters."""
+    from .auth import revoke_token
+
+    click.echo(f"revoked {revoke_token(prefix)} token(s)")
+
+
+@main.command("seed-catalog")
+@click.option("--overwrite", is_flag=True, help="Reset shipped entries to the shipped values.")
+@with_appcontext
+def seed_catalog_cmd(overwrite: bool) -> None:
+    """Load the shipped GPU and model catalogs into the database."""
+    from .storage import seed_catalog
+
+    click.echo(json.dumps(seed_catalog(overwrite=overwrite)))
+
+
+@main.command("migrate")
+@click.option("--revision", default="head")
+@click.option("--down", is_flag=True, help="Downgrade to --revision instead (default base).")
+def migrate(revision: str, down: bool) -> None:
+    """Apply (or roll back) Alembic migrations on DATABASE_URL or the SQLite default."""
+    from . import create_app
+    from .extensions import db
+    from .storage import downgrade, upgrade
+
+    app = create_app({"AUTO_MIGRATE": False})
+    with app.app_context():
+        if down:
+            downgrade(db.engine, "base" if revision == "head" else revision)
+        else:
+            upgrade(db.engine, revision)
+    click.echo(f"database at {'base' if down and revision == 'head' else revision}")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--workers", default=2, show_default=True, type=int)
+def serve(host: str, port: int, workers: int) -> None:
+    """Migrate, seed the catalogs, then serve the API with gunicorn."""
+    from . import create_app
+
+    create_app()  # applies migrations and seeds once, before the workers start
+    os.environ["SPECADVISOR_AUTO_MIGRATE"] = "0"
+    args = [sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", str(workers),
+            "--access-logfile", "-", "wsgi:app"]
+    os.chdir(Path(__file__).resolve().parent.parent)
+    os.execv(sys.executable, args)
+
+
+@main.command()
+@click.option("--hardware", required=True, help="Listen on the queue named for this hardware (GPU name).")
+@click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
+def worker(hardware: str, burst: bool) -> None:
+    """Run an RQ worker for calibration jobs on this GPU node (needs REDIS_URL)."""
+    from redis import Redis
+    from rq import Queue, Worker
+
+    from .services.calibrations import queue_name
+
+    url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+    connection = Redis.from_url(url)
+    queue = Queue(queue_name(hardware), connection=connection)
+    click.echo(f"listening on '{queue.name}' at {url}")
+    Worker([queue], connection=connection).work(burst=burst)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def calibrate(ctx: click.Context) -> None:
+    """Run calibration probes with vLLM here; store locally or upload (--server URL --token T). See --help."""
+    from calibration import cli as calibration_cli
+
+    sys.exit(calibration_cli.main(ctx.args))

@@ -1,0 +1,55 @@
+"""Configuration from the environment; every setting is listed in the README's configuration table."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def default_instance_path() -> Path:
+    return Path(os.environ.get("SPECADVISOR_INSTANCE", Path.cwd() / "instance")).resolve()
+
+
+class Config:
+    """Read once per app; tests pass overrides to ``create_app``."""
+
+    def __init__(self) -> None:
+        instance = default_instance_path()
+        self.INSTANCE_PATH = str(instance)
+        self.SQLALCHEMY_DATABASE_URI = _normalise_db_url(
+            os.environ.get("DATABASE_URL") or f"sqlite:///{instance / 'specadvisor.db'}"
+        )
+        self.SQLALCHEMY_ENGINE_OPTIONS = {"pool_pre_ping": True}
+        # Apply Alembic migrations and seed the catalogs when the app starts.
+        self.AUTO_MIGRATE = _bool("SPECADVISOR_AUTO_MIGRATE", True)
+        # POST /v1/recommendations open to anyone (True) or token-only (False).
+        self.OPEN_RECOMMENDATIONS = _bool("SPECADVISOR_OPEN_RECOMMENDATIONS", True)
+        # RQ on Redis for calibration jobs; empty = run jobs in a background process of the service.
+        self.REDIS_URL = os.environ.get("REDIS_URL", "")
+        self.CALIBRATION_JOB_TIMEOUT_S = int(os.environ.get("SPECADVISOR_JOB_TIMEOUT_S", "3600"))
+        self.MAX_CONTENT_LENGTH = 2 * 1024 * 1024
+        self.API_TITLE = "specadvisor"
+        self.API_VERSION = "v1"
+        self.OPENAPI_VERSION = "3.0.3"
+        self.OPENAPI_URL_PREFIX = "/v1"
+        self.OPENAPI_JSON_PATH = "openapi.json"
+        self.OPENAPI_SWAGGER_UI_PATH = "docs"
+        self.OPENAPI_SWAGGER_UI_URL = os.environ.get(
+            "SPECADVISOR_SWAGGER_UI_URL", "https://cdn.jsdelivr.net/npm/swagger-ui-dist/"
+        )
+        self.JSON_SORT_KEYS = False
+
+
+def _normalise_db_url(url: str) -> str:
+    """Accept the common ``postgres://`` / ``postgresql://`` spellings and use the psycopg 3 driver."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url

@@ -1,0 +1,254 @@
+"""Typed inputs, parameters and errors of the cost model (pure data, no I/O)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+COST_MODEL_VERSION = "1.0.0"
+STRUCTURES: tuple[str, ...] = ("code", "json", "sql", "prose", "creative", "rag")
+METHODS: tuple[str, ...] = ("draft_model", "eagle", "eagle3", "ngram", "suffix", "mtp")
+# Accepted by predict() for validation against published Medusa rows; not advertised by the API.
+INTERNAL_METHODS: tuple[str, ...] = ("medusa",)
+WEIGHTS_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
+MODEL_KINDS: tuple[str, ...] = ("causal_lm", "eagle_head", "eagle3_head", "mtp_head")
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "hf")
+
+
+class CostModelError(ValueError):
+    """An impossible input; ``field`` names the offending scenario field (e.g. ``speculator.draft_model``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Issue:
+    severity: str  # "error" | "warning"
+    field: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+def _from_known(cls: type, data: dict[str, Any]) -> Any:
+    """Build a dataclass from a dict, ignoring unknown keys (e.g. a catalog row's ``source``)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    memory_gb: float
+    hbm_bandwidth_gb_per_s: float
+    bf16_tflops: float  # dense, no sparsity
+    fp8_tflops: float | None
+    gpu_hour_usd: float
+    gpu_hour_usd_date: str
+    vendor: str
+    gpu_class: str  # "datacenter" | "workstation" | "consumer" | "cpu"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuSpec:
+        return _from_known(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    num_experts: int | None
+    num_experts_per_token: int | None
+    param_count: int
+    tokenizer_family: str
+    tokenizer_vocab_size: int
+    tokenizer_hash: str | None
+    kind: str  # MODEL_KINDS
+    hf_repo: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        return _from_known(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt_tokens: int
+    output_tokens: int
+    temperature: float
+    structure: str  # STRUCTURES
+    concurrency: int | None = None
+    requests_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class Speculator:
+    method: str  # METHODS
+    draft_model: str | None = None
+    num_speculative_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class AcceptanceInput:
+    mean_acceptance_length: float | None = None  # AL incl. bonus token, at num_speculative_tokens
+    acceptance_rate: float | None = None  # i.i.d. per-token alpha
+    per_position: tuple[float, ...] | None = None  # r_i = P(first i+1 drafts accepted)
+
+
+@dataclass(frozen=True)
+class Slo:
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    latency_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class TcoLoad:
+    requests_per_second: float | None = None
+    output_tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    gpu: str
+    target_model: str
+    speculator: Speculator
+    workload: Workload
+    gpu_count: int = 1
+    weights_dtype: str = "bf16"
+    acceptance: AcceptanceInput | None = None
+    gpu_hour_usd: float | None = None
+    vram_gb: float | None = None
+    gpu_memory_utilization: float = 0.92
+    slo: Slo | None = None
+    load: TcoLoad | None = None
+    hours_per_month: float = 730.0
+    engine: str = "vllm"  # ENGINES; per-engine overhead defaults (validation rows from SGLang / HF)
+
+
+@dataclass(frozen=True)
+class StepTimeParams:
+    """Roofline parameters of one model on one GPU; see docs/cost-model.md for the formula."""
+
+    bandwidth_efficiency: float
+    compute_efficiency: float
+    fixed_overhead_s: float  # per engine step (scheduler, input prep, sampling, launch)
+    covariance: list[list[float]] | None = None  # over (bandwidth_efficiency, compute_efficiency, fixed_overhead_s)
+    source: str = "default"
+    per_layer_overhead_s: float = 0.0  # kernel-launch / host time per decoder layer per forward
+    roofline_sharpness: float = 2.0  # p of the smooth max (m^p + c^p)^(1/p)
+    verify_overhead_s: float = 0.0  # extra per verify step with q > 1 (rejection sampler, spec metadata)
+    proposer_overhead_s: float = 0.0  # per drafter forward (draft input prep, graph launch)
+    per_sequence_overhead_s: float = 0.0  # host bookkeeping per sequence per spec cycle
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepTimeParams:
+        return _from_known(cls, data)
+
+
+@dataclass(frozen=True)
+class PrefillParams:
+    """Prefill roofline: compute-bound on prompt tokens, with attention O(P^2)."""
+
+    compute_efficiency: float
+    fixed_overhead_s: float
+    covariance: list[list[float]] | None = None  # over (compute_efficiency, fixed_overhead_s)
+    source: str = "default"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrefillParams:
+        return _from_known(cls, data)
+
+
+@dataclass(frozen=True)
+class AcceptanceModel:
+    """Per-position conditional acceptance c_i(T) = sigmoid(a + b*i + c*T); r_i = prod_{j<=i} c_j.
+
+    ``draft_fraction`` is the fraction of steps that drafted at all (n-gram / suffix find no match otherwise).
+    ``covariance`` is over (a, b, c).
+    """
+
+    method: str
+    drafter: str | None
+    structure: str
+    logit_intercept: float  # a
+    logit_position_slope: float  # b (per position, usually <= 0)
+    logit_temperature_slope: float  # c (per unit temperature, usually <= 0)
+    covariance: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    temperature_range: tuple[float, float] = (0.0, 2.0)
+    draft_fraction: float = 1.0
+    source: str = "default"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["temperature_range"] = list(self.temperature_range)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AcceptanceModel:
+        model = _from_known(cls, data)
+        return dataclasses.replace(model, temperature_range=tuple(model.temperature_range))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    run_id: int
+    hardware: str
+    step_time: dict[str, StepTimeParams]  # by model name
+    prefill: dict[str, PrefillParams]  # by model name
+    acceptance: dict[str, AcceptanceModel]  # by f"{method}|{drafter or ''}|{structure}"
+    max_batch_calibrated: int
+    temperature_range: tuple[float, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "hardware": self.hardware,
+            "step_time": {k: v.to_dict() for k, v in self.step_time.items()},
+            "prefill": {k: v.to_dict() for k, v in self.prefill.items()},
+            "acceptance": {k: v.to_dict() for k, v in self.acceptance.items()},
+            "max_batch_calibrated": self.max_batch_calibrated,
+            "temperature_range": list(self.temperature_range),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        def conv(kind: type, raw: dict[str, Any] | None) -> dict[str, Any]:
+            return {k: (v if isinstance(v, kind) else kind.from_dict(v)) for k, v in (raw or {}).items()}
+
+        low, high = data.get("temperature_range") or (0.0, 0.0)
+        return cls(
+            run_id=int(data["run_id"]), hardware=str(data.get("hardware", "")),
+            step_time=conv(StepTimeParams, data.get("step_time")),
+            prefill=conv(PrefillParams, data.get("prefill")),
+            acceptance=conv(AcceptanceModel, data.get("acceptance")),
+            max_batch_calibrated=int(data.get("max_batch_calibrated", 1)),
+            temperature_range=(float(low), float(high)),
+        )
+
+
+def acceptance_key(method: str, drafter: str | None, structure: str) -> str:
+    return f"{method}|{drafter or ''}|{structure}"

@@ -1,0 +1,355 @@
+"""marshmallow schemas: they own the API contract and generate the OpenAPI document."""
+from __future__ import annotations
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate, validates_schema
+
+from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES
+
+DRAFTER_METHODS = ("draft_model", "eagle", "eagle3")
+MODEL_KINDS = ("causal_lm", "eagle_head", "eagle3_head", "mtp_head")
+
+
+def _positive(maximum: float) -> validate.Range:
+    return validate.Range(min=0, max=maximum, min_inclusive=False)
+
+
+class StrictSchema(Schema):
+    """Unknown fields are errors, so a misspelt field name never silently becomes a default."""
+
+
+# --- scenario (the request of POST /v1/recommendations, `advisor predict`) ---------------------------------
+class WorkloadSchema(StrictSchema):
+    prompt_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=2_000_000),
+                                   metadata={"description": "Mean prompt length in tokens."})
+    output_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=1_000_000),
+                                   metadata={"description": "Mean output length in tokens."})
+    temperature = fields.Float(load_default=0.0, validate=validate.Range(min=0.0, max=2.0),
+                               metadata={"description": "Sampling temperature, 0 = greedy."})
+    structure = fields.String(required=True, validate=validate.OneOf(STRUCTURES),
+                              metadata={"description": "Output structure: " + ", ".join(STRUCTURES)})
+    concurrency = fields.Integer(strict=True, validate=validate.Range(min=1, max=65_536), allow_none=True,
+                                 metadata={"description": "Requests in flight (closed loop)."})
+    requests_per_second = fields.Float(validate=_positive(1_000_000), allow_none=True,
+                                       metadata={"description": "Open-loop arrival rate."})
+
+    @validates_schema
+    def _load_given(self, data: dict, **_: object) -> None:
+        if data.get("concurrency") is None and data.get("requests_per_second") is None:
+            raise ValidationError("Give concurrency or requests_per_second.", "concurrency")
+        if data.get("concurrency") is not None and data.get("requests_per_second") is not None:
+            raise ValidationError("Give concurrency or requests_per_second, not both.", "requests_per_second")
+
+
+class SpeculatorSchema(StrictSchema):
+    method = fields.String(required=True, validate=validate.OneOf(METHODS))
+    draft_model = fields.String(validate=validate.Length(min=1, max=96), allow_none=True,
+                                metadata={"description": "Catalog name of the draft model or EAGLE head."})
+    num_speculative_tokens = fields.Integer(strict=True, validate=validate.Range(min=1, max=16), allow_none=True,
+                                            metadata={"description": "k; absent = the advisor chooses."})
+
+    @validates_schema
+    def _drafter_matches_method(self, data: dict, **_: object) -> None:
+        method, draft = data.get("method"), data.get("draft_model")
+        if method in DRAFTER_METHODS and not draft:
+            raise ValidationError(f"method '{method}' needs a draft_model.", "draft_model")
+        if method in ("ngram", "suffix") and draft:
+            raise ValidationError(f"method '{method}' drafts from the prompt; draft_model must be absent.",
+                                  "draft_model")
+
+
+class AcceptanceSchema(StrictSchema):
+    mean_acceptance_length = fields.Float(validate=validate.Range(min=1.0, max=17.0), allow_none=True,
+                                          metadata={"description": "AL = 1 + accepted/drafts (vLLM)."})
+    acceptance_rate = fields.Float(validate=validate.Range(min=0.0, max=1.0, max_inclusive=False), allow_none=True,
+                                   metadata={"description": "i.i.d. per-token acceptance alpha."})
+    per_position = fields.List(fields.Float(validate=validate.Range(min=0.0, max=1.0)),
+                               validate=validate.Length(min=1, max=16), allow_none=True,
+                               metadata={"description": "r_i = P(first i+1 drafts accepted), non-increasing."})
+
+    @validates_schema
+    def _one_form(self, data: dict, **_: object) -> None:
+        given = [k for k in ("mean_acceptance_length", "acceptance_rate", "per_position") if data.get(k) is not None]
+        if len(given) > 1:
+            raise ValidationError(f"Give one of mean_acceptance_length, acceptance_rate, per_position "
+                                  f"(got {', '.join(given)}).", given[-1])
+        rates = data.get("per_position") or []
+        if any(b > a + 1e-9 for a, b in zip(rates, rates[1:])):
+            raise ValidationError("per_position rates must not increase with position.", "per_position")
+
+
+class SloSchema(StrictSchema):
+    tpot_ms = fields.Float(validate=_positive(1e6), allow_none=True)
+    ttft_ms = fields.Float(validate=_positive(1e7), allow_none=True)
+    latency_ms = fields.Float(validate=_positive(1e8), allow_none=True)
+
+
+class LoadSchema(StrictSchema):
+    requests_per_second = fields.Float(validate=_positive(1e7), allow_none=True)
+    output_tokens_per_second = fields.Float(validate=_positive(1e10), allow_none=True)
+
+    @validates_schema
+    def _one(self, data: dict, **_: object) -> None:
+        if (data.get("requests_per_second") is None) == (data.get("output_tokens_per_second") is None):
+            raise ValidationError("Give exactly one of requests_per_second, output_tokens_per_second.",
+                                  "requests_per_second")
+
+
+class ScenarioSchema(StrictSchema):
+    gpu = fields.String(required=True, validate=validate.Length(min=1, max=64),
+                        metadata={"description": "Catalog GPU name, e.g. H100-SXM."})
+    gpu_count = fields.Integer(load_default=1, strict=True, validate=validate.Range(min=1, max=64),
+                               metadata={"description": "Tensor-parallel GPUs per replica."})
+    target_model = fields.String(required=True, validate=validate.Length(min=1, max=96))
+    weights_dtype = fields.String(load_default="bf16", validate=validate.OneOf(WEIGHTS_DTYPES))
+    speculator = fields.Nested(SpeculatorSchema, required=True)
+    workload = fields.Nested(WorkloadSchema, required=True)
+    acceptance = fields.Nested(AcceptanceSchema, allow_none=True)
+    gpu_hour_usd = fields.Float(validate=_positive(10_000), allow_none=True,
+                                metadata={"description": "Your $/GPU-hour; default: the catalog's dated price."})
+    vram_gb = fields.Float(validate=_positive(100_000), allow_none=True,
+                           metadata={"description": "Override the GPU's memory (GB per GPU)."})
+    gpu_memory_utilization = fields.Float(load_default=0.92,
+                                          validate=validate.Range(min=0.05, max=1.0, min_inclusive=True))
+    slo = fields.Nested(SloSchema, allow_none=True)
+    load = fields.Nested(LoadSchema, allow_none=True,
+                         metadata={"description": "Total load to size the fleet for (TCO)."})
+    hours_per_month = fields.Float(load_default=730.0, validate=_positive(744.0))
+
+    @validates_schema
+    def _acceptance_fits_k(self, data: dict, **_: object) -> None:
+        k = (data.get("speculator") or {}).get("num_speculative_tokens")
+        acceptance = data.get("acceptance") or {}
+        al = acceptance.get("mean_acceptance_length")
+        if k and al and al > k + 1 + 1e-9:
+            raise ValidationError({"mean_acceptance_length": [f"AL {al} exceeds k+1 = {k + 1}."]}, "acceptance")
+
+
+# --- answers ------------------------------------------------------------------------------------------------
+class IntervalSchema(Schema):
+    expected = fields.Float()
+    low = fields.Float()
+    high = fields.Float()
+
+
+class PairSchema(Schema):
+    baseline = fields.Raw()
+    speculative = fields.Raw()
+
+
+class AnswerSchema(Schema):
+    """The cost model's answer (design.md §3). Sub-objects are documented in docs/cost-model.md."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    decision = fields.String(metadata={"description": "go | no-go | calibrate"})
+    reasons = fields.List(fields.String())
+    speedup = fields.Nested(IntervalSchema)
+    num_speculative_tokens = fields.Integer(allow_none=True)
+    tpot_ms = fields.Nested(PairSchema)
+    ttft_ms = fields.Nested(PairSchema)
+    latency_ms = fields.Dict()
+    throughput_tok_s = fields.Nested(PairSchema)
+    acceptance = fields.Dict()
+    memory = fields.Dict()
+    curve = fields.List(fields.Dict())
+    break_even_concurrency = fields.Float(allow_none=True)
+    dynamic_sd = fields.List(fields.List(fields.Integer()))
+    methods = fields.List(fields.Dict())
+    tco = fields.Dict()
+    vllm = fields.Dict()
+    checks = fields.List(fields.Dict())
+    provenance = fields.Dict(keys=fields.String(), values=fields.String())
+    cost_model_version = fields.String()
+    calibration_run_id = fields.Integer(allow_none=True)
+
+
+class RecommendationSchema(AnswerSchema):
+    id = fields.Integer()
+    created_at = fields.DateTime()
+    workload_id = fields.Integer()
+    scenario = fields.Nested(ScenarioSchema)
+
+
+class RecommendationSummarySchema(Schema):
+    id = fields.Integer()
+    created_at = fields.DateTime()
+    gpu = fields.String()
+    gpu_count = fields.Integer()
+    target_model = fields.String()
+    method = fields.String()
+    draft_model = fields.String(allow_none=True)
+    structure = fields.String()
+    concurrency = fields.Float(allow_none=True)
+    decision = fields.String()
+    speedup_expected = fields.Float()
+    speedup_low = fields.Float()
+    speedup_high = fields.Float()
+    num_speculative_tokens = fields.Integer(allow_none=True)
+    tpot_ms_baseline = fields.Float()
+    tpot_ms_speculative = fields.Float()
+    usd_per_million_output_tokens_baseline = fields.Float(allow_none=True)
+    usd_per_million_output_tokens_speculative = fields.Float(allow_none=True)
+    calibration_run_id = fields.Integer(allow_none=True)
+    cost_model_version = fields.String()
+
+
+class RecommendationQuerySchema(StrictSchema):
+    gpu = fields.String()
+    target_model = fields.String()
+    method = fields.String(validate=validate.OneOf(METHODS))
+    decision = fields.String(validate=validate.OneOf(("go", "no-go", "calibrate")))
+    created_after = fields.DateTime()
+    created_before = fields.DateTime()
+
+
+class CompareQuerySchema(StrictSchema):
+    ids = fields.DelimitedList(fields.Integer(), required=True, validate=validate.Length(min=2, max=6),
+                               metadata={"description": "2–6 recommendation ids, comma separated."})
+
+
+class CompareSchema(Schema):
+    recommendations = fields.List(fields.Nested(RecommendationSchema))
+    rows = fields.List(fields.Dict(), metadata={"description": "One row per compared quantity."})
+
+
+# --- catalog ------------------------------------------------------------------------------------------------
+class GpuSchema(StrictSchema):
+    id = fields.Integer(dump_only=True)
+    name = fields.String(required=True, validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"))
+    vendor = fields.String(required=True, validate=validate.Length(min=1, max=32))
+    gpu_class = fields.String(required=True, validate=validate.Length(min=1, max=32),
+                              metadata={"description": "Class for default efficiencies, e.g. hopper, ampere."})
+    memory_gb = fields.Float(required=True, validate=_positive(10_000))
+    hbm_bandwidth_gb_per_s = fields.Float(required=True, validate=_positive(1e6))
+    bf16_tflops = fields.Float(required=True, validate=_positive(1e6), metadata={"description": "Dense."})
+    fp8_tflops = fields.Float(validate=_positive(1e6), allow_none=True, load_default=None)
+    gpu_hour_usd = fields.Float(required=True, validate=_positive(10_000))
+    gpu_hour_usd_date = fields.Date(required=True, metadata={"description": "When that price was seen."})
+    source = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+    created_at = fields.DateTime(dump_only=True)
+    updated_at = fields.DateTime(dump_only=True)
+
+
+class ModelSchema(StrictSchema):
+    id = fields.Integer(dump_only=True)
+    name = fields.String(required=True, validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"))
+    family = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    kind = fields.String(load_default="causal_lm", validate=validate.OneOf(MODEL_KINDS))
+    num_layers = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=1000))
+    hidden_size = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=1_000_000))
+    num_attention_heads = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=4096))
+    num_kv_heads = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=4096))
+    head_dim = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=4096))
+    intermediate_size = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=10_000_000))
+    vocab_size = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=10_000_000))
+    tie_word_embeddings = fields.Boolean(load_default=False)
+    num_experts = fields.Integer(strict=True, validate=validate.Range(min=1, max=4096), allow_none=True,
+                                 load_default=None)
+    num_experts_per_token = fields.Integer(strict=True, validate=validate.Range(min=1, max=4096), allow_none=True,
+                                           load_default=None)
+    param_count = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=10**13))
+    tokenizer_family = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    tokenizer_vocab_size = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=10_000_000))
+    tokenizer_hash = fields.String(validate=validate.Length(max=128), allow_none=True, load_default=None)
+    hf_repo = fields.String(validate=validate.Length(max=200), allow_none=True, load_default=None)
+    source = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+    created_at = fields.DateTime(dump_only=True)
+    updated_at = fields.DateTime(dump_only=True)
+
+    @validates_schema
+    def _heads(self, data: dict, **_: object) -> None:
+        heads, kv = data.get("num_attention_heads"), data.get("num_kv_heads")
+        if heads and kv and heads % kv:
+            raise ValidationError(f"num_attention_heads ({heads}) must be a multiple of num_kv_heads ({kv}).",
+                                  "num_kv_heads")
+
+
+class ModelImportSchema(StrictSchema):
+    """Form fields sent with a Hugging Face ``config.json`` upload."""
+
+    name = fields.String(required=True, validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"))
+    family = fields.String(validate=validate.Length(min=1, max=64))
+    kind = fields.String(load_default="causal_lm", validate=validate.OneOf(MODEL_KINDS))
+    tokenizer_family = fields.String(validate=validate.Length(min=1, max=64))
+    tokenizer_hash = fields.String(validate=validate.Length(max=128))
+    hf_repo = fields.String(validate=validate.Length(max=200))
+    source = fields.String(validate=validate.Length(max=2000))
+
+
+class ModelImportFilesSchema(Schema):
+    config = fields.Raw(required=True, metadata={"type": "string", "format": "binary",
+                                                 "description": "The model's Hugging Face config.json."})
+
+
+# --- calibrations -------------------------------------------------------------------------------------------
+class CalibrationRequestSchema(StrictSchema):
+    hardware = fields.String(required=True, validate=validate.Length(min=1, max=96),
+                             metadata={"description": "GPU catalog name or node class; the queue is named for it."})
+    target_model = fields.String(required=True, validate=validate.Length(min=1, max=96))
+    model_path = fields.String(validate=validate.Length(min=1, max=500), allow_none=True,
+                               metadata={"description": "Local path or HF id of the target on the node."})
+    method = fields.String(load_default="ngram", validate=validate.OneOf(METHODS))
+    draft_model = fields.String(validate=validate.Length(min=1, max=96), allow_none=True)
+    draft_model_path = fields.String(validate=validate.Length(min=1, max=500), allow_none=True)
+    num_speculative_tokens = fields.Integer(load_default=4, strict=True, validate=validate.Range(min=1, max=16))
+    structures = fields.List(fields.String(validate=validate.OneOf(STRUCTURES)), load_default=list(STRUCTURES))
+    temperatures = fields.List(fields.Float(validate=validate.Range(min=0, max=2)), load_default=[0.0, 0.7, 1.0],
+                               validate=validate.Length(min=1, max=8))
+    batch_sizes = fields.List(fields.Integer(strict=True, validate=validate.Range(min=1, max=1024)),
+                              load_default=[1, 2, 4, 8], validate=validate.Length(min=1, max=12))
+    prompts_per_structure = fields.Integer(load_default=4, strict=True, validate=validate.Range(min=1, max=200))
+    max_tokens = fields.Integer(load_default=64, strict=True, validate=validate.Range(min=2, max=4096))
+    probes = fields.List(fields.String(validate=validate.OneOf(("timing", "prefill", "acceptance", "memory"))),
+                         load_default=["timing", "prefill", "acceptance", "memory"])
+    engine = fields.Dict(load_default=dict, metadata={"description": "Extra vLLM engine arguments."})
+
+
+class MeasurementSchema(Schema):
+    id = fields.Integer(dump_only=True)
+    probe = fields.String(required=True, validate=validate.Length(min=1, max=32))
+    params = fields.Dict(required=True)
+    values = fields.Dict(required=True)
+    created_at = fields.DateTime(dump_only=True)
+
+
+class FitSchema(Schema):
+    id = fields.Integer(dump_only=True)
+    kind = fields.String(required=True, validate=validate.OneOf(("step_time", "prefill", "acceptance")))
+    key = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    params = fields.Dict(required=True)
+    residuals = fields.List(fields.Float(), load_default=list)
+    created_at = fields.DateTime(dump_only=True)
+
+
+class CalibrationRunSchema(Schema):
+    id = fields.Integer()
+    hardware = fields.String()
+    target_model = fields.String()
+    method = fields.String()
+    draft_model = fields.String(allow_none=True)
+    status = fields.String(metadata={"description": "queued | running | succeeded | failed"})
+    progress = fields.Float()
+    message = fields.String(allow_none=True)
+    error = fields.String(allow_none=True)
+    queue = fields.String(allow_none=True)
+    job_id = fields.String(allow_none=True)
+    config = fields.Dict()
+    environment = fields.Dict()
+    created_at = fields.DateTime()
+    started_at = fields.DateTime(allow_none=True)
+    finished_at = fields.DateTime(allow_none=True)
+    measurements = fields.List(fields.Nested(MeasurementSchema))
+    fits = fields.List(fields.Nested(FitSchema))
+
+
+class CalibrationUploadSchema(StrictSchema):
+    """What ``advisor calibrate --server`` sends when a node ran the probes itself."""
+
+    status = fields.String(validate=validate.OneOf(("running", "succeeded", "failed")))
+    progress = fields.Float(validate=validate.Range(min=0, max=1))
+    message = fields.String(allow_none=True)
+    error = fields.String(allow_none=True)
+    environment = fields.Dict()
+    measurements = fields.List(fields.Nested(MeasurementSchema), load_default=list)
+    fits = fields.List(fields.Nested(FitSchema), load_default=list)

@@ -1,0 +1,136 @@
+"""Calibration runs: create, queue (RQ on Redis, or a background process), record, and use their fits.
+
+The web app never imports ``calibration`` (vLLM lives there): jobs are named by their import path.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from flask import current_app
+from sqlalchemy import select
+
+from .. import costmodel
+from ..errors import ApiError
+from ..extensions import db
+from ..models import CalibrationRun, FittedParameters, ProbeMeasurement, utcnow
+
+log = logging.getLogger(__name__)
+
+JOB_FUNCTION = "calibration.jobs.run_calibration"
+FINAL_STATES = ("succeeded", "failed")
+
+
+def queue_name(hardware: str) -> str:
+    """One RQ queue per hardware class: a GPU node's worker listens on the queue named for its GPU."""
+    return "calibration-" + re.sub(r"[^A-Za-z0-9._-]+", "-", hardware).strip("-").lower()
+
+
+def create(request: dict[str, Any], external: bool = False) -> CalibrationRun:
+    run = CalibrationRun(
+        hardware=request["hardware"], target_model=request["target_model"], method=request["method"],
+        draft_model=request.get("draft_model"), status="running" if external else "queued",
+        config=request, queue=None if external else queue_name(request["hardware"]),
+        started_at=utcnow() if external else None,
+    )
+    db.session.add(run)
+    db.session.commit()
+    if not external:
+        enqueue(run)
+    return run
+
+
+def enqueue(run: CalibrationRun) -> None:
+    redis_url = current_app.config.get("REDIS_URL")
+    if redis_url:
+        from redis import Redis
+        from rq import Queue
+
+        queue = Queue(run.queue, connection=Redis.from_url(redis_url))
+        job = queue.enqueue(JOB_FUNCTION, run.id, job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"],
+                            result_ttl=86_400, failure_ttl=7 * 86_400)
+        run.job_id = job.id
+        run.message = f"queued on '{run.queue}'; start 'advisor worker --hardware {run.hardware}' on the node"
+    else:
+        # No Redis: run in a background process of the service (same interpreter, same database).
+        env = {**os.environ, "DATABASE_URL": current_app.config["SQLALCHEMY_DATABASE_URI"]}
+        logs = Path(current_app.config["INSTANCE_PATH"]) / "calibration-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"run-{run.id}.log", "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "calibration.jobs", str(run.id)], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        run.job_id = f"pid:{proc.pid}"
+        run.message = "running in a background process (no REDIS_URL configured)"
+    db.session.commit()
+
+
+def get(run_id: int) -> CalibrationRun:
+    run = db.session.get(CalibrationRun, run_id)
+    if run is None:
+        raise ApiError(404, f"No calibration run with id {run_id}.")
+    return run
+
+
+def list_runs(hardware: str | None = None, status: str | None = None) -> list[CalibrationRun]:
+    query = select(CalibrationRun).order_by(CalibrationRun.id.desc())
+    if hardware:
+        query = query.where(CalibrationRun.hardware == hardware)
+    if status:
+        query = query.where(CalibrationRun.status == status)
+    return list(db.session.scalars(query))
+
+
+def record(run: CalibrationRun, update: dict[str, Any]) -> CalibrationRun:
+    """Append measurements and fits and move the status forward (used by jobs and by remote nodes)."""
+    if run.status in FINAL_STATES:
+        raise ApiError(409, f"Calibration run {run.id} is already {run.status}.")
+    for m in update.get("measurements", []):
+        run.measurements.append(ProbeMeasurement(probe=m["probe"], params=m["params"], values=m["values"]))
+    for f in update.get("fits", []):
+        run.fits.append(FittedParameters(kind=f["kind"], key=f["key"], params=f["params"],
+                                         residuals=f.get("residuals", [])))
+    for key in ("progress", "message", "error", "environment"):
+        if key in update:
+            setattr(run, key, update[key])
+    status = update.get("status")
+    if status:
+        if status == "running" and run.started_at is None:
+            run.started_at = utcnow()
+        if status in FINAL_STATES:
+            run.finished_at = utcnow()
+            if status == "succeeded":
+                run.progress = 1.0
+        run.status = status
+    db.session.commit()
+    return run
+
+
+def calibration_for(hardware: str, target: str, method: str,
+                    draft: costmodel.ModelSpec | None) -> costmodel.Calibration | None:
+    """The newest succeeded run on this hardware for this target, as the cost model's Calibration."""
+    run = db.session.scalar(
+        select(CalibrationRun)
+        .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,
+               CalibrationRun.status == "succeeded")
+        .order_by(CalibrationRun.id.desc())
+        .limit(1)
+    )
+    return to_calibration(run) if run is not None else None
+
+
+def to_calibration(run: CalibrationRun) -> costmodel.Calibration:
+    by_kind: dict[str, dict[str, Any]] = {"step_time": {}, "prefill": {}, "acceptance": {}}
+    for fit in run.fits:
+        by_kind.setdefault(fit.kind, {})[fit.key] = fit.params
+    temperatures = run.config.get("temperatures") or [0.0]
+    return costmodel.Calibration.from_dict({
+        "run_id": run.id, "hardware": run.hardware,
+        "step_time": by_kind["step_time"], "prefill": by_kind["prefill"], "acceptance": by_kind["acceptance"],
+        "max_batch_calibrated": max(run.config.get("batch_sizes") or [1]),
+        "temperature_range": [min(temperatures), max(temperatures)],
+    })

@@ -1,0 +1,163 @@
+"""Catalog service: GPUs and models in the DB, turned into the cost model's specs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from sqlalchemy import select
+
+from .. import costmodel
+from ..errors import ApiError, field_error
+from ..extensions import db
+from ..models import Gpu, Model
+
+
+def list_gpus() -> list[Gpu]:
+    return list(db.session.scalars(select(Gpu).order_by(Gpu.name)))
+
+
+def list_models(kind: str | None = None, family: str | None = None) -> list[Model]:
+    query = select(Model).order_by(Model.name)
+    if kind:
+        query = query.where(Model.kind == kind)
+    if family:
+        query = query.where(Model.family == family)
+    return list(db.session.scalars(query))
+
+
+def find_gpu(name: str) -> Gpu | None:
+    return db.session.scalar(select(Gpu).where(Gpu.name == name))
+
+
+def find_model(name: str) -> Model | None:
+    return db.session.scalar(select(Model).where(Model.name == name))
+
+
+def get_gpu(name: str) -> Gpu:
+    row = find_gpu(name)
+    if row is None:
+        raise ApiError(404, f"No GPU named '{name}' in the catalog.")
+    return row
+
+
+def get_model(name: str) -> Model:
+    row = find_model(name)
+    if row is None:
+        raise ApiError(404, f"No model named '{name}' in the catalog.")
+    return row
+
+
+def require_gpu(name: str, field: str = "gpu") -> Gpu:
+    """For scenario validation: an unknown GPU is a 422 naming the field and the known names."""
+    row = find_gpu(name)
+    if row is None:
+        known = ", ".join(g.name for g in list_gpus())
+        raise field_error(field, f"Unknown GPU '{name}'. Known GPUs: {known}.")
+    return row
+
+
+def require_model(name: str, field: str) -> Model:
+    row = find_model(name)
+    if row is None:
+        raise field_error(field, f"Unknown model '{name}'. See GET /v1/models for the catalog.")
+    return row
+
+
+def _spec(cls: type, row: Any) -> Any:
+    return cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})
+
+
+def gpu_spec(row: Gpu) -> costmodel.GpuSpec:
+    spec = _spec(costmodel.GpuSpec, row)
+    return dataclasses.replace(spec, gpu_hour_usd_date=str(row.gpu_hour_usd_date))
+
+
+def model_spec(row: Model) -> costmodel.ModelSpec:
+    return _spec(costmodel.ModelSpec, row)
+
+
+def _check_unique(cls: type, name: str) -> None:
+    if db.session.scalar(select(cls).where(cls.name == name)) is not None:
+        raise ApiError(409, f"'{name}' already exists; use PUT to change it.", fields={"name": ["already exists"]})
+
+
+def create(cls: type, values: dict[str, Any]) -> Any:
+    _check_unique(cls, values["name"])
+    row = cls(**_storable(values))
+    db.session.add(row)
+    db.session.commit()
+    return row
+
+
+def update(row: Any, values: dict[str, Any]) -> Any:
+    if "name" in values and values["name"] != row.name:
+        raise field_error("name", "The name is the resource's identity and cannot change; create a new entry.")
+    for key, value in _storable(values).items():
+        setattr(row, key, value)
+    db.session.commit()
+    return row
+
+
+def _storable(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if k == "gpu_hour_usd_date" and hasattr(v, "isoformat") else v)
+            for k, v in values.items()}
+
+
+# --- Hugging Face config.json import -----------------------------------------------------------------------
+def model_from_hf_config(raw: bytes, form: dict[str, Any]) -> dict[str, Any]:
+    """Map a Hugging Face ``config.json`` to a catalog row; unknown shapes are a 422 naming the file field."""
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise field_error("config", f"Not a JSON file: {exc}.") from None
+    if not isinstance(config, dict):
+        raise field_error("config", "config.json must hold a JSON object.")
+    config = {**config, **(config.get("text_config") or {})}  # multimodal wrappers keep the LM inside
+
+    def need(*keys: str) -> int:
+        for key in keys:
+            value = config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        raise field_error("config", f"config.json lacks a positive integer '{keys[0]}'.")
+
+    layers = need("num_hidden_layers", "n_layer", "num_layers")
+    hidden = need("hidden_size", "n_embd", "d_model")
+    heads = need("num_attention_heads", "n_head")
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    intermediate = need("intermediate_size", "ffn_dim", "n_inner")
+    vocab = need("vocab_size")
+    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
+    experts_per_token = config.get("num_experts_per_tok") if experts else None
+    moe_intermediate = config.get("moe_intermediate_size") or intermediate
+    tied = bool(config.get("tie_word_embeddings", False))
+    family = form.get("family") or str(config.get("model_type") or "unknown")
+    params = param_count_from_architecture(
+        num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=moe_intermediate if experts else intermediate, vocab_size=vocab,
+        tie_word_embeddings=tied, num_experts=experts)
+    return {
+        "name": form["name"], "family": family, "kind": form.get("kind", "causal_lm"),
+        "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "num_kv_heads": kv_heads,
+        "head_dim": head_dim, "intermediate_size": intermediate, "vocab_size": vocab,
+        "tie_word_embeddings": tied, "num_experts": experts, "num_experts_per_token": experts_per_token,
+        "param_count": params, "tokenizer_family": form.get("tokenizer_family") or family,
+        "tokenizer_vocab_size": vocab, "tokenizer_hash": form.get("tokenizer_hash"),
+        "hf_repo": form.get("hf_repo") or config.get("_name_or_path") or None,
+        "source": form.get("source") or "uploaded Hugging Face config.json",
+    }
+
+
+def param_count_from_architecture(*, num_layers: int, hidden_size: int, num_attention_heads: int,
+                                  num_kv_heads: int, head_dim: int, intermediate_size: int, vocab_size: int,
+                                  tie_word_embeddings: bool, num_experts: int | None = None) -> int:
+    """Parameters of a llama-style decoder (gated MLP, RMSNorm, no biases); llama-3.1-8b gives 8.03e9."""
+    attention = hidden_size * head_dim * (num_attention_heads + 2 * num_kv_heads) \
+        + num_attention_heads * head_dim * hidden_size  # q, k, v, o projections
+    mlp = 3 * hidden_size * intermediate_size * (num_experts or 1)  # gate, up, down (per expert)
+    router = hidden_size * num_experts if num_experts else 0
+    per_layer = attention + mlp + router + 2 * hidden_size  # two RMSNorm weights
+    embeddings = vocab_size * hidden_size * (1 if tie_word_embeddings else 2)
+    return num_layers * per_layer + embeddings + hidden_size  # final norm

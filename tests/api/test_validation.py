@@ -1,0 +1,99 @@
+"""Bad input of every field: a 422 in the one envelope, naming the field; never a 500."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.conftest import example_scenario
+
+
+def _set(body: dict, path: str, value) -> dict:
+    body = copy.deepcopy(body)
+    *parents, leaf = path.split(".")
+    node = body
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is _DELETE:
+        node.pop(leaf, None)
+    else:
+        node[leaf] = value
+    return body
+
+
+_DELETE = object()
+
+# (path to change, new value, field the error must name)
+CASES = [
+    ("gpu", "H900-XL", "gpu"), ("gpu", 7, "gpu"), ("gpu", _DELETE, "gpu"), ("gpu", "", "gpu"),
+    ("gpu_count", 0, "gpu_count"), ("gpu_count", "2", "gpu_count"), ("gpu_count", 1.5, "gpu_count"),
+    ("target_model", "gpt-9", "target_model"), ("target_model", None, "target_model"),
+    ("weights_dtype", "fp4", "weights_dtype"),
+    ("speculator", _DELETE, "speculator"), ("speculator", "eagle", "speculator"),
+    ("speculator.method", "telepathy", "speculator.method"),
+    ("speculator.draft_model", _DELETE, "speculator.draft_model"),
+    ("speculator.draft_model", "no-such-draft", "speculator.draft_model"),
+    ("speculator.draft_model", "qwen3-0.6b", "speculator.draft_model"),  # tokenizer differs from llama's
+    ("speculator.num_speculative_tokens", 0, "speculator.num_speculative_tokens"),
+    ("speculator.num_speculative_tokens", 17, "speculator.num_speculative_tokens"),
+    ("speculator.num_speculative_tokens", "3", "speculator.num_speculative_tokens"),
+    ("workload", _DELETE, "workload"),
+    ("workload.prompt_tokens", -1, "workload.prompt_tokens"),
+    ("workload.prompt_tokens", "long", "workload.prompt_tokens"),
+    ("workload.prompt_tokens", _DELETE, "workload.prompt_tokens"),
+    ("workload.output_tokens", 0, "workload.output_tokens"),
+    ("workload.output_tokens", 2.5, "workload.output_tokens"),
+    ("workload.temperature", 2.5, "workload.temperature"), ("workload.temperature", -0.1, "workload.temperature"),
+    ("workload.temperature", "hot", "workload.temperature"), ("workload.temperature", "NaN", "workload.temperature"),
+    ("workload.structure", "poetry", "workload.structure"), ("workload.structure", _DELETE, "workload.structure"),
+    ("workload.concurrency", 0, "workload.concurrency"), ("workload.concurrency", _DELETE, "workload.concurrency"),
+    ("workload.requests_per_second", 2.0, "workload.requests_per_second"),  # both given
+    ("workload.colour", "blue", "workload.colour"),
+    ("acceptance.mean_acceptance_length", 0.5, "acceptance.mean_acceptance_length"),
+    ("acceptance.mean_acceptance_length", 3.5, "acceptance.mean_acceptance_length"),  # > k+1 = 3
+    ("acceptance.acceptance_rate", 1.0, "acceptance.acceptance_rate"),
+    ("acceptance.per_position", [0.5, 0.7], "acceptance.per_position"),
+    ("acceptance.per_position", [1.5], "acceptance.per_position.0"),
+    ("gpu_hour_usd", -3, "gpu_hour_usd"), ("gpu_hour_usd", "cheap", "gpu_hour_usd"),
+    ("vram_gb", 0, "vram_gb"), ("gpu_memory_utilization", 1.5, "gpu_memory_utilization"),
+    ("slo.tpot_ms", -1, "slo.tpot_ms"), ("slo.latency_ms", "soon", "slo.latency_ms"),
+    ("load.requests_per_second", -2, "load.requests_per_second"),
+    ("load", {}, "load.requests_per_second"),
+    ("hours_per_month", 0, "hours_per_month"),
+    ("gpus", "H100-SXM", "gpus"),  # misspelt top-level field
+]
+
+
+@pytest.mark.parametrize("path,value,field", CASES, ids=[f"{c[0]}={c[1]!r}"[:60] for c in CASES])
+def test_bad_field_is_a_422_naming_it(client, path, value, field):
+    response = client.post("/v1/recommendations", json=_set(example_scenario(), path, value))
+    assert response.status_code == 422, response.get_json()
+    error = response.get_json()["error"]
+    assert error["code"] == "validation_error"
+    assert field in error["fields"], error
+    assert field.split(".")[-1] in error["message"] or field in error["message"]
+
+
+def test_rps_instead_of_concurrency_is_accepted(client):
+    body = _set(_set(example_scenario(), "workload.concurrency", _DELETE), "workload.requests_per_second", 2.0)
+    assert client.post("/v1/recommendations", json=body).status_code == 201
+
+
+@pytest.mark.parametrize("payload,content_type", [
+    ("{not json", "application/json"), ("[]", "application/json"), ("null", "application/json"),
+    ("", "application/json"), ("gpu=H100", "application/x-www-form-urlencoded"), ("\x00\xff", "text/plain"),
+])
+def test_malformed_bodies_are_4xx_envelopes(client, payload, content_type):
+    response = client.post("/v1/recommendations", data=payload, content_type=content_type)
+    assert 400 <= response.status_code < 500, response.data
+    assert "error" in response.get_json()
+
+
+def test_nothing_is_stored_for_a_rejected_request(client):
+    client.post("/v1/recommendations", json=_set(example_scenario(), "workload.temperature", 9))
+    assert client.get("/v1/recommendations").get_json() == []
+
+
+def test_unknown_route_and_method_use_the_envelope(client):
+    assert client.get("/v1/nope").get_json()["error"]["status"] == 404
+    assert client.delete("/v1/recommendations").get_json()["error"]["status"] == 405
