@@ -16,8 +16,7 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 WORKDIR /app
 COPY --chown=advisor wsgi.py ./
-COPY --chown=advisor migrations ./migrations
 USER advisor
 EXPOSE 8000
 # Migrations (and catalog seeding) run once before the workers start; the workers then skip them.
-CMD ["sh", "-c", "advisor migrate && advisor seed-catalog && SPECADVISOR_AUTO_MIGRATE=0 exec gunicorn --bind 0.0.0.0:8000 --workers 2 --access-logfile - wsgi:app"]
+CMD ["sh", "-c", "advisor migrate && advisor seed-catalog && SPECADVISOR_AUTO_MIGRATE=0 exec gunicorn --bind 0.0.0.0:8000 --workers 2 --access-logfile - 'advisor:create_app()'"]

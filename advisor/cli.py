@@ -168,8 +168,7 @@ def serve(host: str, port: int, workers: int) -> None:
     create_app()  # applies migrations and seeds once, before the workers start
     os.environ["SPECADVISOR_AUTO_MIGRATE"] = "0"
     args = [sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", str(workers),
-            "--access-logfile", "-", "wsgi:app"]
-    os.chdir(Path(__file__).resolve().parent.parent)
+            "--access-logfile", "-", "advisor:create_app()"]
     os.execv(sys.executable, args)
 
 

@@ -14,12 +14,18 @@ from sqlalchemy.engine import Engine
 from .extensions import db
 from .models import Gpu, Model
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def migrations_dir() -> Path:
+    """The Alembic scripts ship as the ``migrations`` package (repo checkout or installed wheel)."""
+    import migrations
+
+    return Path(migrations.__file__).resolve().parent
 
 
 def alembic_config(url: str) -> AlembicConfig:
     cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
 
