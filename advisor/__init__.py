@@ -25,14 +25,20 @@ def create_app(overrides: dict[str, Any] | None = None) -> Flask:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     db.init_app(app)
-    api = Api(app)  # one per app: flask-smorest keeps the spec on the Api object
+    from apispec.ext.marshmallow import MarshmallowPlugin
+
+    from .schemas import schema_name_resolver
+
+    # one Api per app: flask-smorest keeps the spec on the Api object
+    api = Api(app, spec_kwargs={"marshmallow_plugin": MarshmallowPlugin(schema_name_resolver=schema_name_resolver)})
     register_error_handlers(app)  # after Api(): our envelope replaces flask-smorest's error format
 
-    from .api import calibrations, catalog, health, recommendations
+    from .api import calibrations, catalog, health, recommendations, reports
 
     for module in (recommendations, catalog, calibrations):
         api.register_blueprint(module.blp)
     app.register_blueprint(health.blp)
+    app.register_blueprint(reports.blp)  # HTML pages, outside the OpenAPI document
     _register_pages(app)
 
     if app.config["AUTO_MIGRATE"]:
@@ -45,6 +51,13 @@ def create_app(overrides: dict[str, Any] | None = None) -> Flask:
 
 
 def _register_pages(app: Flask) -> None:
+    from flask import send_from_directory
+    from swagger_ui_bundle import swagger_ui_path
+
     @app.get("/")
     def index():
         return redirect("/v1/docs")
+
+    @app.get("/v1/swagger-ui/<path:filename>")
+    def swagger_ui_asset(filename: str):
+        return send_from_directory(str(swagger_ui_path), filename)

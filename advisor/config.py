@@ -40,9 +40,8 @@ class Config:
         self.OPENAPI_URL_PREFIX = "/v1"
         self.OPENAPI_JSON_PATH = "openapi.json"
         self.OPENAPI_SWAGGER_UI_PATH = "docs"
-        self.OPENAPI_SWAGGER_UI_URL = os.environ.get(
-            "SPECADVISOR_SWAGGER_UI_URL", "https://cdn.jsdelivr.net/npm/swagger-ui-dist/"
-        )
+        # Served from the swagger-ui-bundle package: the docs page works offline.
+        self.OPENAPI_SWAGGER_UI_URL = os.environ.get("SPECADVISOR_SWAGGER_UI_URL", "/v1/swagger-ui/")
         self.JSON_SORT_KEYS = False
 
 

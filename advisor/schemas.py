@@ -1,7 +1,8 @@
 """marshmallow schemas: they own the API contract and generate the OpenAPI document."""
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+from webargs.fields import DelimitedList
 
 from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES
 
@@ -15,6 +16,18 @@ def _positive(maximum: float) -> validate.Range:
 
 class StrictSchema(Schema):
     """Unknown fields are errors, so a misspelt field name never silently becomes a default."""
+
+
+def schema_name_resolver(schema: type[Schema] | Schema) -> str:
+    """OpenAPI component names: ``GpuSchema`` -> ``Gpu``; partial and trimmed variants get their own name."""
+    cls = schema if isinstance(schema, type) else type(schema)
+    name = cls.__name__.removesuffix("Schema")
+    if isinstance(schema, Schema):
+        if schema.partial:
+            name += "Patch"
+        if schema.exclude or schema.only:
+            name += "Summary"
+    return name
 
 
 # --- scenario (the request of POST /v1/recommendations, `advisor predict`) ---------------------------------
@@ -125,41 +138,38 @@ class ScenarioSchema(StrictSchema):
 
 
 # --- answers ------------------------------------------------------------------------------------------------
-class IntervalSchema(Schema):
-    expected = fields.Float()
-    low = fields.Float()
-    high = fields.Float()
-
-
-class PairSchema(Schema):
-    baseline = fields.Raw()
-    speculative = fields.Raw()
+def _obj(description: str) -> fields.Dict:
+    return fields.Dict(metadata={"description": description})
 
 
 class AnswerSchema(Schema):
-    """The cost model's answer (design.md §3). Sub-objects are documented in docs/cost-model.md."""
+    """The cost model's answer (design.md §3); docs/cost-model.md documents every sub-object."""
 
-    class Meta:
-        unknown = EXCLUDE
-
-    decision = fields.String(metadata={"description": "go | no-go | calibrate"})
-    reasons = fields.List(fields.String())
-    speedup = fields.Nested(IntervalSchema)
-    num_speculative_tokens = fields.Integer(allow_none=True)
-    tpot_ms = fields.Nested(PairSchema)
-    ttft_ms = fields.Nested(PairSchema)
-    latency_ms = fields.Dict()
-    throughput_tok_s = fields.Nested(PairSchema)
-    acceptance = fields.Dict()
-    memory = fields.Dict()
-    curve = fields.List(fields.Dict())
+    decision = fields.String(metadata={"enum": ["go", "no-go", "calibrate"]})
+    reasons = fields.List(fields.String(), metadata={"description": "Why, with the numbers that decided."})
+    speedup = _obj("{expected, low, high, threshold, decode, interval}: end-to-end speedup and its interval.")
+    num_speculative_tokens = fields.Integer(allow_none=True, metadata={"description": "k to run (given or best)."})
+    concurrency = _obj("{baseline, speculative, source, saturated}: requests in flight.")
+    tpot_ms = _obj("{baseline, speculative}: time per output token.")
+    ttft_ms = _obj("{baseline, speculative}: time to first token.")
+    latency_ms = _obj("{baseline: {prefill, decode, total}, speculative: {…}, prefill_share}.")
+    throughput_tok_s = _obj("{baseline, speculative}: output tokens/s per replica.")
+    step_ms = _obj("{decode, verify, draft, cycle, verify_to_decode_ratio}.")
+    acceptance = _obj("{mean_acceptance_length, per_position, acceptance_rate, draft_fraction, source}.")
+    memory = _obj("Weights, KV bytes per token, KV space, max concurrency with/without drafter, fits.")
+    curve = fields.List(fields.Dict(), metadata={"description": "Speedup over concurrency with interval and best k."})
     break_even_concurrency = fields.Float(allow_none=True)
-    dynamic_sd = fields.List(fields.List(fields.Integer()))
-    methods = fields.List(fields.Dict())
-    tco = fields.Dict()
-    vllm = fields.Dict()
-    checks = fields.List(fields.Dict())
-    provenance = fields.Dict(keys=fields.String(), values=fields.String())
+    dynamic_sd = fields.List(fields.List(fields.Integer()),
+                             metadata={"description": "vLLM num_speculative_tokens_per_batch_size [[lo, hi, k]]."})
+    methods = fields.List(fields.Dict(), metadata={"description": "The applicable methods compared."})
+    tco = _obj("$/1M output tokens, GPUs needed, monthly cost with and without, savings.")
+    vllm = _obj("{speculative_config, serve_flags}: the settings to copy.")
+    checks = fields.List(fields.Dict(), metadata={"description": "Draft checklist: {severity, field, message}."})
+    provenance = fields.Dict(keys=fields.String(), values=fields.String(),
+                             metadata={"description": "Each number's path -> input | catalog:X | "
+                                                      "calibration:N | prior:source | default."})
+    sources = fields.Dict(keys=fields.String(), values=fields.String(),
+                          metadata={"description": "The citation behind each catalog entry and prior used."})
     cost_model_version = fields.String()
     calibration_run_id = fields.Integer(allow_none=True)
 
@@ -204,7 +214,7 @@ class RecommendationQuerySchema(StrictSchema):
 
 
 class CompareQuerySchema(StrictSchema):
-    ids = fields.DelimitedList(fields.Integer(), required=True, validate=validate.Length(min=2, max=6),
+    ids = DelimitedList(fields.Integer(), required=True, validate=validate.Length(min=2, max=6),
                                metadata={"description": "2–6 recommendation ids, comma separated."})
 
 
@@ -225,7 +235,9 @@ class GpuSchema(StrictSchema):
     bf16_tflops = fields.Float(required=True, validate=_positive(1e6), metadata={"description": "Dense."})
     fp8_tflops = fields.Float(validate=_positive(1e6), allow_none=True, load_default=None)
     gpu_hour_usd = fields.Float(required=True, validate=_positive(10_000))
-    gpu_hour_usd_date = fields.Date(required=True, metadata={"description": "When that price was seen."})
+    gpu_hour_usd_date = fields.String(required=True, validate=validate.Regexp(r"^\d{4}-\d{2}-\d{2}$",
+                                      error="Use an ISO date, YYYY-MM-DD."),
+                                      metadata={"description": "When that price was seen (YYYY-MM-DD)."})
     source = fields.String(required=True, validate=validate.Length(min=1, max=2000))
     created_at = fields.DateTime(dump_only=True)
     updated_at = fields.DateTime(dump_only=True)

@@ -69,8 +69,7 @@ def _spec(cls: type, row: Any) -> Any:
 
 
 def gpu_spec(row: Gpu) -> costmodel.GpuSpec:
-    spec = _spec(costmodel.GpuSpec, row)
-    return dataclasses.replace(spec, gpu_hour_usd_date=str(row.gpu_hour_usd_date))
+    return _spec(costmodel.GpuSpec, row)
 
 
 def model_spec(row: Model) -> costmodel.ModelSpec:
@@ -84,7 +83,7 @@ def _check_unique(cls: type, name: str) -> None:
 
 def create(cls: type, values: dict[str, Any]) -> Any:
     _check_unique(cls, values["name"])
-    row = cls(**_storable(values))
+    row = cls(**values)
     db.session.add(row)
     db.session.commit()
     return row
@@ -93,15 +92,10 @@ def create(cls: type, values: dict[str, Any]) -> Any:
 def update(row: Any, values: dict[str, Any]) -> Any:
     if "name" in values and values["name"] != row.name:
         raise field_error("name", "The name is the resource's identity and cannot change; create a new entry.")
-    for key, value in _storable(values).items():
+    for key, value in values.items():
         setattr(row, key, value)
     db.session.commit()
     return row
-
-
-def _storable(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.isoformat() if k == "gpu_hour_usd_date" and hasattr(v, "isoformat") else v)
-            for k, v in values.items()}
 
 
 # --- Hugging Face config.json import -----------------------------------------------------------------------

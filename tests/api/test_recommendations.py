@@ -37,7 +37,7 @@ def test_example_request_returns_a_stored_answer(app, client):
     with app.app_context():
         row = db.session.get(Recommendation, answer["id"])
         assert row.inputs["speculator"]["draft_model"] == "eagle-llama-3.1-8b"
-        assert row.answer["speedup"] == answer["speedup"]
+        assert {k: answer.get(k) for k in row.answer} == row.answer  # nothing of the answer is lost
         assert row.decision == answer["decision"]
 
 

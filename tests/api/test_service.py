@@ -23,7 +23,9 @@ def test_openapi_is_generated_from_the_schemas(client):
         assert path in spec["paths"], path
     scenario = spec["components"]["schemas"]["Scenario"]
     assert {"gpu", "target_model", "speculator", "workload"} <= set(scenario["required"])
-    assert "text/html" in client.get("/v1/docs").content_type
+    docs = client.get("/v1/docs")
+    assert "text/html" in docs.content_type and b"/v1/swagger-ui/swagger-ui-bundle.js" in docs.data
+    assert client.get("/v1/swagger-ui/swagger-ui-bundle.js").status_code == 200  # served locally, no CDN
 
 
 def test_metrics_endpoint(client):
