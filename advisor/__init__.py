@@ -23,6 +23,7 @@ def create_app(overrides: dict[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False
     Path(app.config["INSTANCE_PATH"]).mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
     db.init_app(app)
     from apispec.ext.marshmallow import MarshmallowPlugin

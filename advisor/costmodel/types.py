@@ -104,6 +104,7 @@ class Speculator:
     method: str  # METHODS
     draft_model: str | None = None
     num_speculative_tokens: int | None = None
+    num_verify_tokens: int | None = None  # tree drafting (SGLang/EAGLE/Medusa): tokens verified per step; None = chain k+1
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class StepTimeParams:
     covariance: list[list[float]] | None = None  # over (bandwidth_efficiency, compute_efficiency, fixed_overhead_s)
     source: str = "default"
     per_layer_overhead_s: float = 0.0  # kernel-launch / host time per decoder layer per forward
-    roofline_sharpness: float = 2.0  # p of the smooth max (m^p + c^p)^(1/p)
+    roofline_sharpness: float = 2.5  # p of the smooth max (m^p + c^p)^(1/p)
     verify_overhead_s: float = 0.0  # extra per verify step with q > 1 (rejection sampler, spec metadata)
     proposer_overhead_s: float = 0.0  # per drafter forward (draft input prep, graph launch)
     per_sequence_overhead_s: float = 0.0  # host bookkeeping per sequence per spec cycle

@@ -1,0 +1,104 @@
+"""Acceptance: per-position rates, mean acceptance length (AL) and their conversions (design.md §2)."""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from scipy.optimize import brentq
+
+from .types import AcceptanceInput, AcceptanceModel, CostModelError
+
+MAX_K = 16  # longest draft accepted as input
+SEARCH_K = 8  # longest draft the advisor searches when choosing k (vLLM examples use 1-7)
+INPUT_LOGIT_STD = 0.15  # shape uncertainty when a stated AL / alpha is extrapolated to another k
+
+
+def expected_tokens_iid(alpha: float, k: int) -> float:
+    """Leviathan et al. 2023 Eq. 1: E[tokens per step] = (1 − α^(k+1)) / (1 − α)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def walltime_improvement_iid(alpha: float, k: int, cost_ratio: float) -> float:
+    """Leviathan et al. 2023 Thm 3.8: (1 − α^(k+1)) / ((1 − α)(k·c + 1)), c = t_draft / t_target."""
+    return expected_tokens_iid(alpha, k) / (k * cost_ratio + 1.0)
+
+
+def al_from_per_position(per_position: np.ndarray, k: int) -> np.ndarray:
+    """vLLM: AL = 1 + Σ_{i<k} r_i with r_i = a_i / N (design.md §2)."""
+    r = np.asarray(per_position, dtype=float)
+    return 1.0 + r[..., :k].sum(axis=-1)
+
+
+@lru_cache(maxsize=1024)
+def alpha_from_al(mean_acceptance_length: float, k: int) -> float:
+    """Invert Eq. 1 for the i.i.d. α that gives AL at k (brentq on [0, 1))."""
+    if not 1.0 <= mean_acceptance_length <= k + 1:
+        raise CostModelError("acceptance.mean_acceptance_length",
+                             f"AL {mean_acceptance_length:g} impossible with k={k} (must be in [1, {k + 1}])")
+    if mean_acceptance_length >= k + 1 - 1e-9:
+        return 1.0 - 1e-9
+    if mean_acceptance_length <= 1.0 + 1e-12:
+        return 0.0
+    return float(brentq(lambda a: expected_tokens_iid(a, k) - mean_acceptance_length, 0.0, 1.0 - 1e-12))
+
+
+def logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def per_position_rates(model: AcceptanceModel, temperature: float, k: int = MAX_K,
+                       coeffs: np.ndarray | None = None) -> np.ndarray:
+    """r_i = Π_{j≤i} sigmoid(a + b·j + c·T); coeffs (S, 3) samples → (S, k), else (k,)."""
+    theta = np.array([model.logit_intercept, model.logit_position_slope, model.logit_temperature_slope])
+    theta = theta if coeffs is None else np.asarray(coeffs)
+    pos = np.arange(k, dtype=float)
+    a, b, c = theta[..., 0:1], theta[..., 1:2], theta[..., 2:3]
+    conditional = sigmoid(a + b * pos + c * temperature)
+    return np.cumprod(conditional, axis=-1)
+
+
+def sample_coefficients(model: AcceptanceModel, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """Draws of (a, b, c) from N(mean, covariance); row 0 is the mean (the point estimate)."""
+    mean = np.array([model.logit_intercept, model.logit_position_slope, model.logit_temperature_slope])
+    cov = np.asarray(model.covariance, dtype=float)
+    std_normal = rng.standard_normal((samples, 3))
+    chol = np.linalg.cholesky(cov + 1e-12 * np.eye(3))
+    draws = mean + std_normal @ chol.T
+    draws[0] = mean
+    return draws
+
+
+def model_from_input(given: AcceptanceInput, k_ref: int, method: str, structure: str,
+                     drafter: str | None) -> AcceptanceModel:
+    """A stated acceptance as an AcceptanceModel (temperature-independent: it was measured at the workload's T)."""
+    std = INPUT_LOGIT_STD
+    if given.per_position:
+        r = np.clip(np.asarray(given.per_position, dtype=float), 1e-6, 1 - 1e-6)
+        if np.any(np.diff(r) > 1e-9):
+            raise CostModelError("acceptance.per_position", "per-position rates must be non-increasing")
+        cond = np.concatenate([[r[0]], r[1:] / r[:-1]])
+        logits = np.log(cond / (1 - cond))
+        slope = float(np.polyfit(np.arange(len(r)), logits, 1)[0]) if len(r) > 1 else 0.0
+        intercept = float(logits.mean() - slope * (len(r) - 1) / 2.0)
+        source = "input:per_position"
+    elif given.acceptance_rate is not None:
+        if not 0.0 <= given.acceptance_rate < 1.0:
+            raise CostModelError("acceptance.acceptance_rate", "must be in [0, 1)")
+        intercept, slope, source = logit(given.acceptance_rate), 0.0, "input:acceptance_rate"
+    elif given.mean_acceptance_length is not None:
+        alpha = alpha_from_al(given.mean_acceptance_length, k_ref)
+        intercept, slope, source = logit(alpha), 0.0, f"input:mean_acceptance_length@k={k_ref}"
+    else:
+        raise CostModelError("acceptance", "give mean_acceptance_length, acceptance_rate or per_position")
+    cov = np.diag([std ** 2, 0.0025, 0.0]).tolist()
+    return AcceptanceModel(method=method, drafter=drafter, structure=structure, logit_intercept=intercept,
+                           logit_position_slope=slope, logit_temperature_slope=0.0, covariance=cov,
+                           temperature_range=(0.0, 2.0), draft_fraction=1.0, source=source)

@@ -1,0 +1,53 @@
+"""Draft checklist: tokenizer, size ratio, family (design.md §1)."""
+from __future__ import annotations
+
+from .types import Issue, ModelSpec
+
+SIZE_RATIO_MIN = 10.0  # a draft model is usually 10-50× smaller than the target (design.md §1)
+SIZE_RATIO_MAX = 50.0
+HEAD_KINDS = ("eagle_head", "eagle3_head", "mtp_head")
+METHOD_KINDS = {"draft_model": ("causal_lm",), "eagle": ("eagle_head",), "eagle3": ("eagle3_head",),
+                "mtp": ("mtp_head",)}
+
+
+def same_tokenizer(target: ModelSpec, draft: ModelSpec) -> bool:
+    if target.tokenizer_hash and draft.tokenizer_hash:
+        return target.tokenizer_hash == draft.tokenizer_hash
+    return (target.tokenizer_family == draft.tokenizer_family
+            and target.tokenizer_vocab_size == draft.tokenizer_vocab_size)
+
+
+def check_draft(target: ModelSpec, draft: ModelSpec | None, method: str) -> list[Issue]:
+    """Same tokenizer → error if different; size ratio outside 10–50× → warning; other family → warning."""
+    field = "speculator.draft_model"
+    issues: list[Issue] = []
+    if method in ("ngram", "suffix"):
+        if draft is not None:
+            issues.append(Issue("warning", field, f"method '{method}' drafts from the prompt; "
+                                                  f"draft model '{draft.name}' is ignored"))
+        return issues
+    if draft is None:
+        if method == "draft_model":
+            issues.append(Issue("error", field, "method 'draft_model' needs a draft model"))
+        return issues
+    kinds = METHOD_KINDS.get(method)
+    if kinds and draft.kind not in kinds:
+        issues.append(Issue("error", field, f"'{draft.name}' is a {draft.kind}; method '{method}' needs a "
+                                            f"{' or '.join(kinds)}"))
+    if not same_tokenizer(target, draft):
+        issues.append(Issue("error", field, (
+            f"tokenizer mismatch: target '{target.name}' uses {target.tokenizer_family}/"
+            f"{target.tokenizer_vocab_size}, draft '{draft.name}' uses {draft.tokenizer_family}/"
+            f"{draft.tokenizer_vocab_size}")))
+    if draft.kind == "causal_lm" and draft.param_count > 0:
+        ratio = target.param_count / draft.param_count
+        if ratio < SIZE_RATIO_MIN:
+            issues.append(Issue("warning", field, f"draft only {ratio:.1f}× smaller than target "
+                                                  f"(usual {SIZE_RATIO_MIN:g}–{SIZE_RATIO_MAX:g}×)"))
+        elif ratio > SIZE_RATIO_MAX:
+            issues.append(Issue("warning", field, f"draft {ratio:.0f}× smaller than target: acceptance "
+                                                  f"likely low (usual {SIZE_RATIO_MIN:g}–{SIZE_RATIO_MAX:g}×)"))
+    if draft.family != target.family:
+        issues.append(Issue("warning", field, f"draft family '{draft.family}' differs from target family "
+                                              f"'{target.family}'"))
+    return issues

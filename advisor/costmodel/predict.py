@@ -1,0 +1,545 @@
+"""predict(): a scenario + catalog specs (+ optional calibration) → the full answer (design.md §3)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .acceptance import MAX_K, SEARCH_K, model_from_input, per_position_rates, sample_coefficients
+from .checks import check_draft
+from .decision import GO_THRESHOLD, DecisionInput, decide
+from .memory import MAX_NUM_SEQS, MemoryReport, memory_report
+from .priors import prior_acceptance
+from .speculation import COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid
+from .steptime import default_prefill_params, default_step_time_params, engine_profile, forward_cost, with_engine
+from .tco import best_operating_point, tco_report
+from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceModel,
+                    Calibration, CostModelError, GpuSpec, ModelSpec, PrefillParams, Scenario, StepTimeParams,
+                    acceptance_key)
+from .vllm_config import serve_flags, speculative_config
+
+CURVE_CONCURRENCY: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MC_SAMPLES = 96  # Monte Carlo draws for the interval (row 0 = point estimate)
+MC_SEED = 20231130  # fixed seed: identical inputs give identical answers
+INTERVAL = (5.0, 95.0)  # percentiles of the speedup interval
+METHOD_DEFAULT_K = {"draft_model": 4, "eagle": 3, "eagle3": 3, "ngram": 4, "suffix": 4, "mtp": 1, "medusa": 4}
+PREFILL_SHARE_FLAG = 0.5  # flag prefill-dominated workloads above this share of request latency
+DYNAMIC_TABLE_MAX_BATCH = 512
+
+
+@dataclass
+class Prediction:
+    """The answer; ``to_dict()`` is the JSON the service stores and returns."""
+
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data  # built fresh by each predict() call
+
+    @property
+    def decision(self) -> str:
+        return self.data["decision"]
+
+    @property
+    def speedup(self) -> dict[str, float]:
+        return self.data["speedup"]
+
+
+# ----------------------------------------------------------------------------------------------- validation
+def _validate(s: Scenario, draft: ModelSpec | None) -> None:
+    w, sp = s.workload, s.speculator
+    if sp.method not in METHODS + INTERNAL_METHODS:
+        raise CostModelError("speculator.method", f"unknown method '{sp.method}'; one of {', '.join(METHODS)}")
+    if w.structure not in STRUCTURES:
+        raise CostModelError("workload.structure", f"unknown structure '{w.structure}'; one of {', '.join(STRUCTURES)}")
+    if s.weights_dtype not in WEIGHTS_DTYPES:
+        raise CostModelError("weights_dtype", f"unknown dtype '{s.weights_dtype}'; one of {', '.join(WEIGHTS_DTYPES)}")
+    if not 0.0 <= w.temperature <= 2.0:
+        raise CostModelError("workload.temperature", "must be in [0, 2]")
+    if w.prompt_tokens < 1:
+        raise CostModelError("workload.prompt_tokens", "must be >= 1")
+    if w.output_tokens < 1:
+        raise CostModelError("workload.output_tokens", "must be >= 1")
+    if w.concurrency is not None and w.concurrency < 1:
+        raise CostModelError("workload.concurrency", "must be >= 1")
+    if w.requests_per_second is not None and w.requests_per_second <= 0:
+        raise CostModelError("workload.requests_per_second", "must be > 0")
+    if sp.num_speculative_tokens is not None and not 1 <= sp.num_speculative_tokens <= MAX_K:
+        raise CostModelError("speculator.num_speculative_tokens", f"must be in 1..{MAX_K}")
+    if sp.num_verify_tokens is not None and sp.num_verify_tokens < 2:
+        raise CostModelError("speculator.num_verify_tokens", "must be >= 2")
+    if s.gpu_count < 1:
+        raise CostModelError("gpu_count", "must be >= 1")
+    if not 0.0 < s.gpu_memory_utilization <= 1.0:
+        raise CostModelError("gpu_memory_utilization", "must be in (0, 1]")
+    if s.vram_gb is not None and s.vram_gb <= 0:
+        raise CostModelError("vram_gb", "must be > 0")
+    if s.gpu_hour_usd is not None and s.gpu_hour_usd < 0:
+        raise CostModelError("gpu_hour_usd", "must be >= 0")
+    if sp.method == "draft_model" and draft is None:
+        raise CostModelError("speculator.draft_model", "method 'draft_model' needs a draft model")
+
+
+def synthesized_head(target: ModelSpec, kind: str) -> ModelSpec:
+    """A generic EAGLE/EAGLE-3/MTP head shaped like one target layer (when no head is in the catalog)."""
+    vocab = 32000 if kind == "eagle3_head" and target.vocab_size > 64000 else target.vocab_size
+    layer = target.hidden_size * target.head_dim * (target.num_attention_heads + 2 * target.num_kv_heads) \
+        + target.num_attention_heads * target.head_dim * target.hidden_size + 3 * target.hidden_size * target.intermediate_size
+    params = layer + 3 * target.hidden_size ** 2 + (vocab * target.hidden_size if kind == "eagle3_head" else 0)
+    return dataclasses.replace(target, name=f"{kind.replace('_head', '')}-head-for-{target.name}", kind=kind,
+                               num_layers=1, vocab_size=vocab, param_count=int(params), num_experts=None,
+                               num_experts_per_token=None, hf_repo=None)
+
+
+# ----------------------------------------------------------------------------------------------- pieces
+@dataclass(frozen=True)
+class Context:
+    scenario: Scenario
+    gpu: GpuSpec
+    target: ModelSpec
+    draft: ModelSpec | None
+    draft_source: str
+    calibration: Calibration | None
+    catalog_sources: dict[str, str]
+    target_step: StepTimeParams
+    draft_step: StepTimeParams
+    target_prefill: PrefillParams
+    draft_prefill: PrefillParams
+    step_source: str
+    acceptance: AcceptanceModel
+    acceptance_source: str
+    k_ref: int
+
+
+def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str,
+                 calibration: Calibration | None) -> tuple[StepTimeParams, PrefillParams, str]:
+    if calibration is not None and model is not None and model.name in calibration.step_time:
+        step = calibration.step_time[model.name]
+        pre = calibration.prefill.get(model.name) or default_prefill_params(gpu, engine)
+        step = with_engine(step, engine) if engine != "vllm" else step
+        return step, pre, f"calibration:{calibration.run_id}"
+    return default_step_time_params(gpu, engine), default_prefill_params(gpu, engine), "default"
+
+
+def _acceptance(s: Scenario, target: ModelSpec, draft: ModelSpec | None, calibration: Calibration | None,
+                k_ref: int) -> tuple[AcceptanceModel, str]:
+    method, structure = s.speculator.method, s.workload.structure
+    drafter = draft.name if draft is not None and method not in COPY_DRAFTERS else None
+    given = s.acceptance
+    if given is not None and (given.mean_acceptance_length is not None or given.acceptance_rate is not None
+                              or given.per_position):
+        return model_from_input(given, k_ref, method, structure, drafter), "input"
+    if calibration is not None:
+        for key in (acceptance_key(method, drafter, structure), acceptance_key(method, None, structure)):
+            if key in calibration.acceptance:
+                return calibration.acceptance[key], f"calibration:{calibration.run_id}"
+    prior = prior_acceptance(method, structure, target, draft)
+    return prior, prior.source.split(";")[0]
+
+
+def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None,
+             calibration: Calibration | None, catalog_sources: dict[str, str] | None) -> Context:
+    engine_profile(s.engine)  # validates the engine name
+    method = s.speculator.method
+    draft_source = f"catalog:{draft.name}" if draft is not None else "default"
+    if method in COPY_DRAFTERS:
+        draft, draft_source = None, "none"
+    elif method in ("eagle", "eagle3", "mtp") and draft is None:
+        draft = synthesized_head(target, {"eagle": "eagle_head", "eagle3": "eagle3_head", "mtp": "mtp_head"}[method])
+        draft_source = "default:synthesized head (one target layer)"
+    t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration)
+    d_step, d_pre, _ = _step_params(gpu, draft, s.engine, calibration)
+    k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
+    acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
+    return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
+                   t_pre, d_pre, step_source, acc, acc_source, k_ref)
+
+
+def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None) -> CycleSetup:
+    s = ctx.scenario
+    method = method or s.speculator.method
+    draft = ctx.draft if draft is None and method == s.speculator.method else draft
+    tc = forward_cost(ctx.gpu, ctx.target, s.weights_dtype, s.gpu_count)
+    dc = forward_cost(ctx.gpu, draft, "bf16", s.gpu_count) if draft is not None else None
+    width = 1.0
+    tree = s.speculator.num_verify_tokens if method == s.speculator.method else None
+    if tree is None and method in ("eagle", "eagle3"):
+        tree = engine_profile(s.engine).tree_verify_tokens
+    if tree:
+        width = max((tree - 1) / ctx.k_ref, 1.0)
+    return CycleSetup(method, tc, dc, ctx.target_step, ctx.draft_step, ctx.target_prefill, ctx.draft_prefill,
+                      s.workload.prompt_tokens, s.workload.output_tokens, width)
+
+
+def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarray, samples: int) -> Grid:
+    k_max = max(SEARCH_K, ctx.scenario.speculator.num_speculative_tokens or 1)
+    if samples == 1:  # point estimate only
+        r = per_position_rates(acc, ctx.scenario.workload.temperature, k_max)[None, :]
+        step = StepSamples.point(ctx.target_step)
+    else:
+        rng = np.random.default_rng(MC_SEED)
+        coeffs = sample_coefficients(acc, samples, rng)
+        r = per_position_rates(acc, ctx.scenario.workload.temperature, k_max, coeffs)
+        step = StepSamples.sample(ctx.target_step, samples, rng)
+    fraction = np.full(samples, acc.draft_fraction)
+    return evaluate_grid(setup, batch, np.arange(1, k_max + 1), r, fraction, step)
+
+
+def _littles_law(batch: np.ndarray, latency_s: np.ndarray, rps: float, cap: float) -> tuple[float, bool]:
+    """Fixed point B = λ·L(B) (Little's law), L interpolated on the grid; returns (B, saturated)."""
+    b = 1.0
+    for _ in range(60):
+        nxt = rps * float(np.interp(b, batch, latency_s))
+        if nxt > cap:
+            return cap, True
+        if abs(nxt - b) < 1e-4:
+            return max(nxt, 1.0), False
+        b = max(0.5 * (b + nxt), 1.0)  # damped iteration
+    return max(b, 1.0), False
+
+
+def percentiles(x: np.ndarray, q: tuple[float, ...]) -> np.ndarray:
+    """Linear-interpolated percentiles along axis 0 (numpy's default method, without its overhead)."""
+    s = np.sort(x, axis=0)
+    pos = np.asarray(q, dtype=float) / 100.0 * (s.shape[0] - 1)
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, s.shape[0] - 1)
+    w = (pos - lo).reshape((-1,) + (1,) * (s.ndim - 1))
+    return s[lo] * (1 - w) + s[hi] * w
+
+
+def _interval(x: np.ndarray) -> tuple[float, float, float]:
+    lo, hi = percentiles(x, INTERVAL)
+    return float(x[0]), float(min(lo, x[0])), float(max(hi, x[0]))
+
+
+def _break_even(batch: np.ndarray, speedup: np.ndarray) -> float | None:
+    """First concurrency where the fixed-k speedup falls below 1 (log-linear interpolation)."""
+    above = speedup >= 1.0
+    if not above[0]:
+        return None
+    for i in range(1, len(batch)):
+        if not above[i]:
+            s0, s1 = speedup[i - 1], speedup[i]
+            t = (s0 - 1.0) / (s0 - s1)
+            return float(math.exp(math.log(batch[i - 1]) + t * (math.log(batch[i]) - math.log(batch[i - 1]))))
+    return None
+
+
+def dynamic_table(points: list[int], best_k: list[int], gains: list[float]) -> list[list[int]]:
+    """vLLM `num_speculative_tokens_per_batch_size`: [[lo, hi, k], …]; k = 0 (off) where no k gains."""
+    rows: list[list[int]] = []
+    for i, p in enumerate(points):
+        hi = points[i + 1] - 1 if i + 1 < len(points) else DYNAMIC_TABLE_MAX_BATCH
+        k = best_k[i] if gains[i] > 1.0 else 0
+        if rows and rows[-1][2] == k:
+            rows[-1][1] = hi
+        else:
+            rows.append([p, hi, k])
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- predict
+def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None,
+            calibration: Calibration | None = None, catalog_sources: dict[str, str] | None = None,
+            samples: int = MC_SAMPLES, compare_methods: bool = True) -> Prediction:
+    _validate(scenario, draft)
+    s, w = scenario, scenario.workload
+    ctx = _context(s, gpu, target, draft, calibration, catalog_sources)
+    checks = check_draft(target, draft, s.speculator.method) if s.speculator.method in METHODS else []
+    setup = _setup(ctx)
+    context_tokens = w.prompt_tokens + w.output_tokens
+
+    mem0 = memory_report(gpu, target, ctx.draft, 1, context_tokens, s.weights_dtype, s.gpu_count,
+                         s.gpu_memory_utilization, s.vram_gb, ctx.k_ref)
+    cap = float(max(min(mem0.max_concurrency_baseline, MAX_NUM_SEQS), 1))
+
+    # Concurrency: given, or Little's law on a dense point-estimate grid.
+    saturated = False
+    if w.concurrency is not None:
+        conc_base = conc_spec = float(w.concurrency)
+        conc_source = "input"
+    else:
+        dense = np.unique(np.geomspace(1, max(cap, 1.0), 40).round(3))
+        g1 = _grid(ctx, setup, ctx.acceptance, dense, 1)
+        lat_b = g1.latency_base_s[0, :, 0]
+        lat_s = g1.latency_spec_s[0].min(axis=-1) if s.speculator.num_speculative_tokens is None \
+            else g1.latency_spec_s[0, :, s.speculator.num_speculative_tokens - 1]
+        rps = w.requests_per_second if w.requests_per_second is not None else 1.0
+        conc_base, sat_b = _littles_law(dense, lat_b, rps, cap)
+        conc_spec, sat_s = _littles_law(dense, np.minimum(lat_s, lat_b * 1e9), rps, cap)
+        saturated = sat_b or sat_s
+        conc_source = "input:requests_per_second" if w.requests_per_second is not None else "default"
+
+    batch = np.array(sorted(set(CURVE_CONCURRENCY) | {conc_base, conc_spec}), dtype=float)
+    grid = _grid(ctx, setup, ctx.acceptance, batch, samples)
+    ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
+
+    # k: given, or the best expected end-to-end speedup at the workload's concurrency.
+    sp_work = grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]  # (S, K)
+    k = s.speculator.num_speculative_tokens or int(np.argmax(sp_work[0]) + 1)
+    ki = k - 1
+    expected, low, high = _interval(sp_work[:, ki])
+
+    mem = memory_report(gpu, target, ctx.draft, conc_spec, context_tokens, s.weights_dtype, s.gpu_count,
+                        s.gpu_memory_utilization, s.vram_gb, k)
+    answer = _assemble(ctx, grid, batch, ib, isp, k, (expected, low, high), mem, checks, conc_base, conc_spec,
+                       conc_source, saturated, compare_methods)
+    return Prediction(answer)
+
+
+def _assemble(ctx: Context, grid: Grid, batch: np.ndarray, ib: int, isp: int, k: int,
+              speedup: tuple[float, float, float], mem: MemoryReport, checks: list, conc_base: float,
+              conc_spec: float, conc_source: str, saturated: bool, compare_methods: bool) -> dict[str, Any]:
+    s, w = ctx.scenario, ctx.scenario.workload
+    ki = k - 1
+    expected, low, high = speedup
+    o = w.output_tokens
+    ms = 1e3
+    tpot_b, tpot_s = float(grid.tpot_base_s[0, ib, 0]) * ms, float(grid.tpot_spec_s[0, isp, ki]) * ms
+    ttft_b, ttft_s = float(grid.ttft_base_s[0, 0, 0]) * ms, float(grid.ttft_spec_s[0, 0, 0]) * ms
+    pre_b = ttft_b + float(grid.prefill_interleave_base_s[0, ib, 0]) * ms
+    pre_s = ttft_s + float(grid.prefill_interleave_spec_s[0, isp, 0]) * ms
+    lat_b, lat_s = float(grid.latency_base_s[0, ib, 0]) * ms, float(grid.latency_spec_s[0, isp, ki]) * ms
+    thr_b = conc_base * o / (lat_b / ms)
+    thr_s = conc_spec * o / (lat_s / ms)
+    prefill_share = pre_b / lat_b
+    al = float(grid.al[0, 0, ki])
+    r = per_position_rates(ctx.acceptance, w.temperature, k)
+    verify_ratio = float(grid.verify_s[0, isp, ki] / (grid.step_base_s[0, isp, 0] - s_fixed(ctx)))
+    draft_ratio = float(grid.draft_s[0, isp, ki] / max(k, 1) / grid.step_base_s[0, isp, 0])
+
+    # Curve over concurrency at the chosen k, plus the best k per point.
+    curve_idx = [int(np.searchsorted(batch, c)) for c in CURVE_CONCURRENCY]
+    sp_all = grid.speedup  # (S, nB, K)
+    curve, best_ks, best_gain, fixed_curve = [], [], [], []
+    lows, highs = percentiles(sp_all[:, curve_idx, ki], INTERVAL)
+    for j, (c, i) in enumerate(zip(CURVE_CONCURRENCY, curve_idx)):
+        e = float(sp_all[0, i, ki])
+        lo, hi = min(float(lows[j]), e), max(float(highs[j]), e)
+        bk = int(np.argmax(sp_all[0, i]) + 1)
+        best_ks.append(bk)
+        best_gain.append(float(sp_all[0, i, bk - 1]))
+        fixed_curve.append(e)
+        curve.append({"concurrency": c, "speedup": e, "low": lo, "high": hi, "best_k": bk,
+                      "speedup_best_k": float(sp_all[0, i, bk - 1]),
+                      "tpot_ms_baseline": float(grid.tpot_base_s[0, i, 0]) * ms,
+                      "tpot_ms_speculative": float(grid.tpot_spec_s[0, i, ki]) * ms,
+                      "fits": c <= mem.max_concurrency_speculative})
+    table = dynamic_table(list(CURVE_CONCURRENCY), best_ks, best_gain)
+    break_even = _break_even(np.array(CURVE_CONCURRENCY, dtype=float), np.array(fixed_curve))
+
+    # TCO: baseline vs speculation with the dynamic table (k per band, off where it loses).
+    gpu_hour = s.gpu_hour_usd if s.gpu_hour_usd is not None else ctx.gpu.gpu_hour_usd
+    conc = np.array(CURVE_CONCURRENCY, dtype=float)
+    lat_curve_b = grid.latency_base_s[0, curve_idx, 0]
+    lat_curve_s = np.minimum(grid.latency_spec_s[0, curve_idx, :].min(axis=-1), lat_curve_b)
+    tpot_curve_b = grid.tpot_base_s[0, curve_idx, 0] * ms
+    tpot_curve_s = np.minimum(grid.tpot_spec_s[0, curve_idx, :].min(axis=-1) * ms, tpot_curve_b)
+    ttft_curve = np.full(len(conc), ttft_b)
+    points = {
+        "baseline": best_operating_point(conc, conc * o / lat_curve_b, tpot_curve_b, lat_curve_b * ms, ttft_curve,
+                                         mem.max_concurrency_baseline, s.slo),
+        "speculative": best_operating_point(conc, conc * o / lat_curve_s, tpot_curve_s, lat_curve_s * ms,
+                                            np.full(len(conc), ttft_s), mem.max_concurrency_speculative, s.slo),
+    }
+    load_tok_s = None
+    if s.load is not None:
+        load_tok_s = s.load.output_tokens_per_second or (
+            s.load.requests_per_second * o if s.load.requests_per_second else None)
+    elif w.requests_per_second is not None:
+        load_tok_s = w.requests_per_second * o
+    tco = tco_report(gpu_hour, s.gpu_count, s.hours_per_month, {"baseline": thr_b, "speculative": thr_s},
+                     points, load_tok_s).to_dict()
+    tco["gpu_hour_usd_date"] = ctx.gpu.gpu_hour_usd_date if s.gpu_hour_usd is None else None
+
+    # Decision.
+    blocking = tuple(i.message for i in checks if i.severity == "error")
+    outside = _outside_calibration(ctx, conc_spec)
+    decision, why = decide(DecisionInput(low, high, mem.fits and mem.fits_baseline, blocking, outside))
+    reasons = list(why)
+    reasons += _reasons(ctx, k, al, expected, low, high, prefill_share, verify_ratio, draft_ratio, conc_spec, mem,
+                        break_even, saturated, checks)
+
+    methods = _compare_methods(ctx, conc_base, conc_spec) if compare_methods else []
+    vcfg = speculative_config(s.speculator.method, k, ctx.draft if ctx.draft_source.startswith("catalog") else None,
+                              table)
+    acc_source = ctx.acceptance_source
+    answer: dict[str, Any] = {
+        "decision": decision,
+        "reasons": reasons,
+        "speedup": {"expected": expected, "low": low, "high": high, "threshold": GO_THRESHOLD,
+                    "decode": float(grid.tpot_base_s[0, ib, 0] / grid.tpot_spec_s[0, isp, ki]),
+                    "interval": f"{INTERVAL[0]:g}-{INTERVAL[1]:g} percentile"},
+        "num_speculative_tokens": k,
+        "concurrency": {"baseline": conc_base, "speculative": conc_spec, "source": conc_source,
+                        "saturated": saturated},
+        "tpot_ms": {"baseline": tpot_b, "speculative": tpot_s},
+        "ttft_ms": {"baseline": ttft_b, "speculative": ttft_s},
+        "latency_ms": {"baseline": {"prefill": pre_b, "decode": lat_b - pre_b, "total": lat_b},
+                       "speculative": {"prefill": pre_s, "decode": lat_s - pre_s, "total": lat_s},
+                       "prefill_share": prefill_share},
+        "throughput_tok_s": {"baseline": thr_b, "speculative": thr_s},
+        "step_ms": {"decode": float(grid.step_base_s[0, isp, 0]) * ms, "cycle": float(grid.cycle_s[0, isp, ki]) * ms,
+                    "verify": float(grid.verify_s[0, isp, ki]) * ms, "draft": float(grid.draft_s[0, isp, ki]) * ms,
+                    "verify_to_decode_ratio": verify_ratio},
+        "acceptance": {"mean_acceptance_length": al, "per_position": [float(x) for x in r],
+                       "acceptance_rate": float((al - 1.0) / k), "draft_fraction": ctx.acceptance.draft_fraction,
+                       "temperature": w.temperature, "source": acc_source},
+        "memory": {**{k_: v for k_, v in mem.to_dict().items()},
+                   "kv_space_gb": mem.kv_space_gb, "fits": mem.fits},
+        "curve": curve,
+        "break_even_concurrency": break_even,
+        "dynamic_sd": table,
+        "methods": methods,
+        "tco": tco,
+        "vllm": {"speculative_config": vcfg,
+                 "serve_flags": serve_flags(ctx.target, vcfg, s.gpu_count, s.gpu_memory_utilization, s.weights_dtype)},
+        "checks": [i.to_dict() for i in checks],
+        "sources": dict(ctx.catalog_sources),  # catalog row → its datasheet / config.json source
+        "cost_model_version": COST_MODEL_VERSION,
+        "calibration_run_id": ctx.calibration.run_id if ctx.calibration is not None else None,
+    }
+    answer["provenance"] = _provenance(ctx, answer, acc_source, conc_source)
+    return answer
+
+
+def s_fixed(ctx: Context) -> float:
+    """Engine fixed overhead excluded from the verify/decode ratio (ratio of forward passes, as in design.md §1)."""
+    return ctx.target_step.fixed_overhead_s
+
+
+def _outside_calibration(ctx: Context, concurrency: float) -> tuple[str, ...]:
+    cal = ctx.calibration
+    if cal is None or not ctx.step_source.startswith("calibration"):
+        return ()
+    out = []
+    if concurrency > cal.max_batch_calibrated:
+        out.append(f"concurrency {concurrency:g} > calibrated max batch {cal.max_batch_calibrated}")
+    lo, hi = cal.temperature_range
+    t = ctx.scenario.workload.temperature
+    if ctx.acceptance_source.startswith("calibration") and not lo <= t <= hi:
+        out.append(f"temperature {t:g} outside calibrated {lo:g}–{hi:g}")
+    return tuple(out)
+
+
+def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high: float, prefill_share: float,
+             verify_ratio: float, draft_ratio: float, conc: float, mem: MemoryReport, break_even: float | None,
+             saturated: bool, checks: list) -> list[str]:
+    w = ctx.scenario.workload
+    out = [f"expected speedup {expected:.2f}× (interval {low:.2f}–{high:.2f}×) at concurrency {conc:g} with k={k}",
+           f"AL {al:.2f} at temperature {w.temperature:g} ({w.structure}, {ctx.acceptance_source})"]
+    share = f"prefill is {prefill_share * 100:.0f} % of latency"
+    out.append(share + (" (prefill-dominated: speculation only speeds up decode)"
+                        if prefill_share > PREFILL_SHARE_FLAG else ""))
+    out.append(f"verify cost {verify_ratio:.2f}× decode at concurrency {conc:g}")
+    if ctx.scenario.speculator.method in MODEL_DRAFTERS:
+        out.append(f"one draft step costs {draft_ratio * 100:.0f} % of a target step")
+    if break_even is not None:
+        out.append(f"speculation stops paying off above concurrency {break_even:.0f}")
+    if not mem.fits_baseline:
+        out.append(f"target weights + KV exceed VRAM: max {mem.max_concurrency_baseline} sequences without drafter")
+    if not mem.fits:
+        out.append(f"draft + KV exceed VRAM: max {mem.max_concurrency_speculative} sequences with the drafter "
+                   f"vs {mem.max_concurrency_baseline} without at {mem.context_tokens} tokens")
+    elif mem.concurrency_lost > 0:
+        out.append(f"drafter costs {mem.concurrency_lost} concurrent sequences of KV space "
+                   f"({mem.max_concurrency_speculative} vs {mem.max_concurrency_baseline})")
+    if saturated:
+        out.append("arrival rate exceeds capacity: server saturated at max concurrency")
+    if ctx.acceptance_source.startswith("prior"):
+        out.append("acceptance from published priors, not measured on your prompts: calibrate to narrow")
+    out += [f"{i.severity}: {i.message}" for i in checks]
+    return out
+
+
+def _compare_methods(ctx: Context, conc_base: float, conc_spec: float) -> list[dict[str, Any]]:
+    s = ctx.scenario
+    method = s.speculator.method
+    candidates: list[tuple[str, ModelSpec | None, str]] = [(method, ctx.draft, ctx.draft_source)]
+    for m in ("ngram", "suffix", "eagle3", "eagle"):
+        if m != method:
+            head = None if m in COPY_DRAFTERS else synthesized_head(ctx.target, f"{m}_head")
+            candidates.append((m, head, "default:synthesized head" if head is not None else "none"))
+    batch = np.array(sorted({conc_base, conc_spec}), dtype=float)
+    ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
+    rows = []
+    for m, d, src in candidates:
+        acc = ctx.acceptance if m == method else prior_acceptance(m, s.workload.structure, ctx.target, d)
+        g = _grid(ctx, _setup(ctx, m, d), acc, batch, 1)
+        sp = g.latency_base_s[0, ib, 0] / g.latency_spec_s[0, isp, :]
+        best = int(np.argmax(sp)) + 1
+        rows.append({"method": m, "drafter": d.name if d is not None else None, "drafter_source": src,
+                     "num_speculative_tokens": best, "expected_speedup": float(sp[best - 1]),
+                     "mean_acceptance_length": float(g.al[0, 0, best - 1]),
+                     "acceptance_source": ctx.acceptance_source if m == method else acc.source.split(";")[0]})
+    rows.sort(key=lambda r: -r["expected_speedup"])
+    return rows
+
+
+def _provenance(ctx: Context, answer: dict[str, Any], acc_source: str, conc_source: str) -> dict[str, str]:
+    """Every leaf number's path → input | catalog:<name> | calibration:<run_id> | prior:<source> | default."""
+    s = ctx.scenario
+    gpu_src, tgt_src = f"catalog:{ctx.gpu.name}", f"catalog:{ctx.target.name}"
+    draft_src = ctx.draft_source if ctx.draft_source.startswith("catalog") else "default"
+    timing = ctx.step_source  # "default" or "calibration:<id>"
+    mixed = acc_source if acc_source.startswith("prior") else timing  # weakest link of timing × acceptance
+    prov: dict[str, str] = {}
+
+    def put(path: str, value: Any, source: str) -> None:
+        if isinstance(value, dict):
+            for key, v in value.items():
+                put(f"{path}.{key}", v, source)
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            put(f"{path}[*]", value[0], source)  # one entry per column of a table
+        else:
+            prov[path] = source
+
+    for key in ("decision", "reasons", "speedup", "num_speculative_tokens", "curve", "break_even_concurrency",
+                "dynamic_sd", "methods", "vllm", "tco", "tpot_ms", "latency_ms", "throughput_tok_s", "step_ms"):
+        put(key, answer[key], mixed)
+    for path in ("tpot_ms.baseline", "throughput_tok_s.baseline", "step_ms.decode", "step_ms.verify",
+                 "step_ms.verify_to_decode_ratio", "latency_ms.prefill_share"):
+        prov[path] = timing
+    put("latency_ms.baseline", answer["latency_ms"]["baseline"], timing)
+    put("ttft_ms", answer["ttft_ms"], timing)
+    prov["curve[*].tpot_ms_baseline"] = timing
+    prov["curve[*].concurrency"] = "default"
+    put("acceptance", answer["acceptance"], acc_source)
+    prov["acceptance.temperature"] = "input"
+    put("memory", answer["memory"], gpu_src)
+    for path in ("memory.target_weights_gb", "memory.kv_bytes_per_token_target"):
+        prov[path] = tgt_src
+    for path in ("memory.draft_weights_gb", "memory.kv_bytes_per_token_draft"):
+        prov[path] = draft_src
+    if s.vram_gb is not None:
+        prov["memory.usable_gb"] = "input"
+    prov["tco.gpu_hour_usd"] = "input" if s.gpu_hour_usd is not None else gpu_src
+    prov["tco.gpu_hour_usd_date"] = gpu_src
+    prov["tco.hours_per_month"] = "input" if s.hours_per_month != 730.0 else "default"
+    put("concurrency", answer["concurrency"], conc_source)
+    if s.speculator.num_speculative_tokens:
+        prov["num_speculative_tokens"] = "input"
+    put("checks", answer["checks"], tgt_src)
+    prov["cost_model_version"] = "default"
+    prov["calibration_run_id"] = timing
+    return prov
+
+
+def speedup_point(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None,
+                  calibration: Calibration | None = None) -> float:
+    """Point estimate of the end-to-end speedup at the scenario's concurrency and k (no interval, no curve).
+
+    The fast path for sweeps; needs ``workload.concurrency``.
+    """
+    _validate(scenario, draft)
+    if scenario.workload.concurrency is None:
+        raise CostModelError("workload.concurrency", "speedup_point needs a concurrency")
+    ctx = _context(scenario, gpu, target, draft, calibration, None)
+    grid = _grid(ctx, _setup(ctx), ctx.acceptance, np.array([float(scenario.workload.concurrency)]), 1)
+    sp = grid.speedup[0, 0]
+    k = scenario.speculator.num_speculative_tokens
+    return float(sp[k - 1] if k else sp.max())

@@ -1,0 +1,157 @@
+"""The speculative cycle, TPOT, request latency and speedup over a grid of (samples × concurrency × k).
+
+T_cycle(B, k) = t_fixed + t_verify_extra + t_target(B, 1 + f·k·w) + t_draft(B, k) + B·t_seq   (design.md §3)
+  (w = tree width: 1 for vLLM's chains; (verify tokens − 1)/k for SGLang/EAGLE/Medusa trees)
+TPOT_spec = T_cycle / AL(k),  AL(k) = 1 + f·Σ_{i<k} r_i                                  (design.md §2)
+L(B) = TTFT + (B − 1)·t_prefill_compute + O·TPOT(B)     closed loop: the other B−1 requests' prefills
+                                                          interleave with this request's decode (chunked prefill)
+Everything is vectorised: shape (S samples, nB concurrency points, nK draft lengths).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .memory import EMBEDDING_BYTES_PER_PARAM
+from .steptime import ForwardCost, forward_time_s, prefill_compute_s, prefill_time_s
+from .types import PrefillParams, StepTimeParams
+
+MODEL_DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
+COPY_DRAFTERS = ("ngram", "suffix")
+# Host-side proposer cost per sequence per step (vLLM V1 n-gram proposer: numba KMP over the prompt, ~10 µs;
+# suffix trees (Arctic Inference) ~30 µs per lookup+update).
+COPY_PROPOSER_S_PER_SEQ = {"ngram": 1.0e-5, "suffix": 3.0e-5}
+MEDUSA_HEADS = 5  # Medusa-1 vicuna checkpoints ship 5 heads (Cai et al. 2024)
+
+
+@dataclass(frozen=True)
+class CycleSetup:
+    method: str
+    target: ForwardCost
+    draft: ForwardCost | None
+    target_step: StepTimeParams
+    draft_step: StepTimeParams
+    target_prefill: PrefillParams
+    draft_prefill: PrefillParams
+    prompt_tokens: int
+    output_tokens: int
+    tree_width: float = 1.0  # tokens per sequence per draft level (1 = chain; tree: (verify tokens − 1) / depth)
+
+    @property
+    def decode_context_tokens(self) -> float:
+        return self.prompt_tokens + self.output_tokens / 2.0  # mean context over the decode
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """Step-time parameter draws, shape (S, 1, 1); row 0 = point estimate."""
+
+    eta_bw: np.ndarray
+    eta_f: np.ndarray
+    fixed_s: np.ndarray
+
+    @staticmethod
+    def point(params: StepTimeParams) -> StepSamples:
+        one = np.ones((1, 1, 1))
+        return StepSamples(one * params.bandwidth_efficiency, one * params.compute_efficiency,
+                           one * params.fixed_overhead_s)
+
+    @staticmethod
+    def sample(params: StepTimeParams, samples: int, rng: np.random.Generator) -> StepSamples:
+        mean = np.array([params.bandwidth_efficiency, params.compute_efficiency, params.fixed_overhead_s])
+        cov = np.asarray(params.covariance if params.covariance else np.zeros((3, 3)), dtype=float)
+        draws = mean + rng.standard_normal((samples, 3)) @ np.linalg.cholesky(cov + 1e-18 * np.eye(3)).T
+        draws[0] = mean
+        draws[:, 0] = np.clip(draws[:, 0], 0.05, 1.0)
+        draws[:, 1] = np.clip(draws[:, 1], 0.05, 1.0)
+        draws[:, 2] = np.clip(draws[:, 2], 0.0, None)
+        shape = (samples, 1, 1)
+        return StepSamples(draws[:, 0].reshape(shape), draws[:, 1].reshape(shape), draws[:, 2].reshape(shape))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Results over (S, nB[, nK]). Times in seconds."""
+
+    batch: np.ndarray  # (nB,)
+    ks: np.ndarray  # (nK,)
+    al: np.ndarray  # (S, 1, nK)
+    step_base_s: np.ndarray  # (S, nB, 1) target decode step
+    cycle_s: np.ndarray  # (S, nB, nK)
+    verify_s: np.ndarray  # (S, nB, nK) target forward over 1+f·k tokens incl. verify overhead
+    draft_s: np.ndarray  # (S, nB, nK)
+    tpot_base_s: np.ndarray  # (S, nB, 1)
+    tpot_spec_s: np.ndarray  # (S, nB, nK)
+    ttft_base_s: np.ndarray  # (S, 1, 1)
+    ttft_spec_s: np.ndarray  # (S, 1, 1)
+    prefill_interleave_base_s: np.ndarray  # (S, nB, 1)
+    prefill_interleave_spec_s: np.ndarray  # (S, nB, 1)
+    latency_base_s: np.ndarray  # (S, nB, 1)
+    latency_spec_s: np.ndarray  # (S, nB, nK)
+
+    @property
+    def speedup(self) -> np.ndarray:
+        return self.latency_base_s / self.latency_spec_s
+
+
+def medusa_heads_time_s(target: ForwardCost, batch, eta_bw) -> np.ndarray:
+    """One pass of Medusa heads: each head = ResBlock (h²) + lm_head (V·h), read once per cycle."""
+    h, v = target.hidden_size, target.model.vocab_size
+    bytes_read = MEDUSA_HEADS * (h * h + v * h) * EMBEDDING_BYTES_PER_PARAM / target.gpu_count
+    flops = 2.0 * np.asarray(batch, dtype=float) * MEDUSA_HEADS * (h * h + v * h) / target.gpu_count
+    return np.maximum(bytes_read / (target.bandwidth_bytes_per_s * eta_bw), flops / target.peak_flops_per_s)
+
+
+def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: float,
+                   samples: StepSamples, draft_fraction: np.ndarray) -> np.ndarray:
+    """Drafter cost per cycle: k sequential drafter forwards (models/heads), one Medusa pass, or host lookups."""
+    ds = setup.draft_step
+    if setup.method in MODEL_DRAFTERS and setup.draft is not None:
+        one = forward_time_s(setup.draft, ds, batch, setup.tree_width, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
+        return ks * (ds.proposer_overhead_s + one)
+    if setup.method == "medusa":
+        return ds.proposer_overhead_s + medusa_heads_time_s(setup.target, batch, samples.eta_bw) + 0.0 * ks
+    per_seq = COPY_PROPOSER_S_PER_SEQ.get(setup.method, 0.0)
+    return batch * per_seq + 0.0 * ks * draft_fraction
+
+
+def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_position: np.ndarray,
+                  draft_fraction: np.ndarray, samples: StepSamples) -> Grid:
+    """per_position: (S, K_max) r_i samples; draft_fraction: (S,) fraction of steps that draft."""
+    b = np.asarray(batch, dtype=float).reshape(1, -1, 1)
+    k = np.asarray(ks, dtype=float).reshape(1, 1, -1)
+    f = np.asarray(draft_fraction, dtype=float).reshape(-1, 1, 1)
+    ctx = setup.decode_context_tokens
+    ts = setup.target_step
+    cum = np.concatenate([np.zeros((per_position.shape[0], 1)), np.cumsum(per_position, axis=1)], axis=1)
+    al = 1.0 + f * cum[:, np.asarray(ks, dtype=int)][:, None, :]  # AL(k) = 1 + f·Σ_{i<k} r_i
+
+    base_fwd = forward_time_s(setup.target, ts, b, 1, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
+    step_base = samples.fixed_s + base_fwd
+    verify = ts.verify_overhead_s + forward_time_s(setup.target, ts, b, 1.0 + f * k * setup.tree_width, ctx,
+                                                   eta_bw=samples.eta_bw, eta_f=samples.eta_f)
+    draft = drafter_time_s(setup, b, k, ctx, samples, f)
+    cycle = samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s
+    tpot_base = step_base
+    tpot_spec = cycle / al
+
+    # Prefill: own TTFT, plus the others' prompts interleaved into this request's decode (compute only).
+    p = setup.prompt_tokens
+    prefill_eta_f = setup.target_prefill.compute_efficiency * samples.eta_f / ts.compute_efficiency
+    ttft_base = prefill_time_s(setup.target, setup.target_prefill, ts, p, eta_f=prefill_eta_f)
+    inter_base = (b - 1.0) * prefill_compute_s(setup.target, p, samples.eta_f)
+    ttft_spec, inter_spec = ttft_base, inter_base
+    if setup.method in MODEL_DRAFTERS and setup.draft is not None:
+        ttft_spec = ttft_base + prefill_time_s(setup.draft, setup.draft_prefill, setup.draft_step, p) \
+            - setup.draft_prefill.fixed_overhead_s  # same engine step: one fixed overhead
+        inter_spec = inter_base + (b - 1.0) * prefill_compute_s(setup.draft, p, samples.eta_f)
+    o = setup.output_tokens
+    latency_base = ttft_base + inter_base + o * tpot_base
+    latency_spec = ttft_spec + inter_spec + o * tpot_spec
+    return Grid(batch=np.asarray(batch, dtype=float), ks=np.asarray(ks), al=al, step_base_s=step_base,
+                cycle_s=cycle, verify_s=verify, draft_s=draft, tpot_base_s=tpot_base, tpot_spec_s=tpot_spec,
+                ttft_base_s=np.broadcast_to(ttft_base, (per_position.shape[0], 1, 1)),
+                ttft_spec_s=np.broadcast_to(ttft_spec, (per_position.shape[0], 1, 1)),
+                prefill_interleave_base_s=inter_base, prefill_interleave_spec_s=inter_spec,
+                latency_base_s=latency_base, latency_spec_s=latency_spec)

@@ -1,0 +1,41 @@
+"""The vLLM settings for an answer: speculative_config JSON and `vllm serve` flags (design.md §6)."""
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from .types import ModelSpec
+
+NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}  # design.md §6
+
+
+def repo_of(model: ModelSpec | None) -> str | None:
+    if model is None:
+        return None
+    return model.hf_repo or model.name
+
+
+def speculative_config(method: str, k: int, draft: ModelSpec | None,
+                       dynamic_table: list[list[int]] | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": int(k)}
+    if method in ("draft_model", "eagle", "eagle3") and draft is not None:
+        config["model"] = repo_of(draft)
+    if method == "mtp" and draft is not None and draft.kind == "mtp_head":
+        config["model"] = repo_of(draft)
+    if method == "ngram":
+        config.update(NGRAM_LOOKUP)
+    if dynamic_table and len({row[2] for row in dynamic_table}) > 1:
+        config["num_speculative_tokens_per_batch_size"] = dynamic_table
+    return config
+
+
+def serve_flags(target: ModelSpec, config: dict[str, Any], gpu_count: int, gpu_memory_utilization: float,
+                weights_dtype: str) -> str:
+    parts = ["vllm", "serve", repo_of(target) or target.name,
+             "--speculative-config", json.dumps(config, separators=(",", ":")),
+             "--tensor-parallel-size", str(gpu_count),
+             "--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
+    if weights_dtype == "fp8":
+        parts += ["--quantization", "fp8"]
+    return " ".join(shlex.quote(p) for p in parts)

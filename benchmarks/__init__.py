@@ -1,0 +1,1 @@
+"""Benchmarks: the cost model against published measurements (`advisor validate`)."""

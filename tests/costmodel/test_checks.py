@@ -1,0 +1,43 @@
+"""Draft checklist: tokenizer (error), size ratio and family (warnings)."""
+from __future__ import annotations
+
+from advisor import costmodel as cm
+
+
+def _by(issues, severity):
+    return [i for i in issues if i.severity == severity]
+
+
+def test_good_pair_has_no_issues(models):
+    assert cm.check_draft(models["llama-3-70b-instruct"], models["llama-3.2-3b-instruct"], "draft_model") == []
+    assert cm.check_draft(models["llama-3.1-8b-instruct"], models["eagle-llama-3.1-8b"], "eagle") == []
+
+
+def test_tokenizer_mismatch_is_an_error(models):
+    issues = cm.check_draft(models["llama-3.1-8b-instruct"], models["qwen3-0.6b"], "draft_model")
+    errors = _by(issues, "error")
+    assert errors and "tokenizer mismatch" in errors[0].message and errors[0].field == "speculator.draft_model"
+
+
+def test_size_ratio_warnings(models):
+    too_big = cm.check_draft(models["llama-3.1-8b-instruct"], models["llama-3.2-3b-instruct"], "draft_model")
+    assert any("only 2.5× smaller" in i.message for i in _by(too_big, "warning"))
+    tiny = cm.check_draft(models["vicuna-7b-v1.3"], models["vicuna-68m"], "draft_model")
+    assert any("99× smaller" in i.message for i in _by(tiny, "warning"))
+
+
+def test_family_warning_for_qwama(models):
+    issues = cm.check_draft(models["llama-3-70b-instruct"], models["qwama-0.5b-instruct"], "draft_model")
+    assert not _by(issues, "error")
+    assert any("family" in i.message for i in _by(issues, "warning"))
+
+
+def test_head_kind_must_match_method(models):
+    issues = cm.check_draft(models["llama-3.1-8b-instruct"], models["eagle3-llama-3.1-8b"], "eagle")
+    assert _by(issues, "error")
+    assert cm.check_draft(models["llama-3.1-8b-instruct"], models["eagle3-llama-3.1-8b"], "eagle3") == []
+
+
+def test_ngram_needs_no_draft(models):
+    assert cm.check_draft(models["llama-3.1-8b-instruct"], None, "ngram") == []
+    assert _by(cm.check_draft(models["llama-3.1-8b-instruct"], None, "draft_model"), "error")

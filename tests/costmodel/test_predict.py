@@ -1,0 +1,234 @@
+"""predict(): the answer's shape, provenance, determinism and the behaviours design.md §1 asks for."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from advisor import costmodel as cm
+
+ALLOWED_PROVENANCE = re.compile(r"^(input|default|catalog:.+|calibration:\d+|prior:.+)$")
+
+
+def _predict(gpus, models, sc, draft=None):
+    draft_name = draft if draft is not None else sc.speculator.draft_model
+    return cm.predict(sc, gpus[sc.gpu], models[sc.target_model], models.get(draft_name) if draft_name else None)
+
+
+def test_answer_has_the_contract_keys(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario()).to_dict()
+    for key in ("decision", "reasons", "speedup", "num_speculative_tokens", "tpot_ms", "ttft_ms", "latency_ms",
+                "throughput_tok_s", "acceptance", "memory", "curve", "break_even_concurrency", "dynamic_sd",
+                "methods", "tco", "vllm", "checks", "provenance", "cost_model_version", "calibration_run_id"):
+        assert key in d, key
+    assert set(d["speedup"]) >= {"expected", "low", "high"}
+    assert d["speedup"]["low"] <= d["speedup"]["expected"] <= d["speedup"]["high"]
+    assert set(d["latency_ms"]["baseline"]) == {"prefill", "decode", "total"}
+    for key in ("target_weights_gb", "draft_weights_gb", "kv_bytes_per_token_target", "kv_bytes_per_token_draft",
+                "kv_space_gb", "activation_reserve_gb", "headroom_gb", "max_concurrency_baseline",
+                "max_concurrency_speculative", "fits"):
+        assert key in d["memory"], key
+    assert [c["concurrency"] for c in d["curve"]] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert {"concurrency", "speedup", "low", "high", "best_k", "tpot_ms_baseline", "tpot_ms_speculative"} \
+        <= set(d["curve"][0])
+    for key in ("gpu_hour_usd", "usd_per_million_output_tokens", "gpus_needed", "monthly_usd", "monthly_savings_usd"):
+        assert key in d["tco"], key
+    assert d["cost_model_version"] == cm.COST_MODEL_VERSION and d["calibration_run_id"] is None
+    json.dumps(d)  # JSON-able
+
+
+def test_provenance_covers_numbers_with_allowed_sources(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario(acceptance=None)).to_dict()
+    prov = d["provenance"]
+    assert all(ALLOWED_PROVENANCE.match(v) for v in prov.values()), {k: v for k, v in prov.items()
+                                                                      if not ALLOWED_PROVENANCE.match(v)}
+    assert prov["memory.target_weights_gb"] == "catalog:llama-3.1-8b-instruct"
+    assert prov["memory.draft_weights_gb"] == "catalog:eagle-llama-3.1-8b"
+    assert prov["tco.gpu_hour_usd"] == "input"
+    assert prov["speedup.expected"].startswith("prior:")
+    assert prov["acceptance.mean_acceptance_length"].startswith("prior:")
+    assert prov["num_speculative_tokens"] == "input"
+    for path in ("speedup.low", "tpot_ms.baseline", "ttft_ms.baseline", "memory.kv_space_gb", "tco.monthly_usd.baseline"):
+        assert path in prov, path
+
+
+def test_deterministic(gpus, models, make_scenario):
+    sc = make_scenario(acceptance=None)
+    assert _predict(gpus, models, sc).to_dict() == _predict(gpus, models, sc).to_dict()
+
+
+def test_stated_al_is_used_and_marked_input(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario()).to_dict()
+    assert d["acceptance"]["mean_acceptance_length"] == pytest.approx(2.04)
+    assert d["acceptance"]["source"] == "input"
+
+
+def test_low_concurrency_eagle_is_go_and_high_concurrency_is_not(gpus, models, make_scenario):
+    low = _predict(gpus, models, make_scenario(concurrency=1)).to_dict()
+    high = _predict(gpus, models, make_scenario(concurrency=256)).to_dict()
+    assert low["decision"] == "go" and low["speedup"]["low"] >= cm.GO_THRESHOLD
+    assert high["speedup"]["expected"] < low["speedup"]["expected"]
+    assert high["decision"] in ("no-go", "calibrate")
+    assert any(r.startswith("verify cost") for r in high["reasons"])
+
+
+def test_curve_falls_with_concurrency_and_break_even_is_consistent(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario()).to_dict()
+    sp = [c["speedup"] for c in d["curve"]]
+    assert sp[0] > sp[-1]
+    be = d["break_even_concurrency"]
+    if be is not None:
+        assert all(c["speedup"] >= 1 for c in d["curve"] if c["concurrency"] < be)
+        assert all(c["speedup"] < 1 for c in d["curve"] if c["concurrency"] > be * 1.01)
+    table = d["dynamic_sd"]
+    assert table[0][0] == 1 and all(len(row) == 3 for row in table)
+
+
+def test_best_k_chosen_when_absent(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario(num_speculative_tokens=None, concurrency=1)).to_dict()
+    assert 1 <= d["num_speculative_tokens"] <= 8
+    assert d["provenance"]["num_speculative_tokens"] != "input"
+
+
+def test_tokenizer_mismatch_is_no_go(gpus, models, make_scenario):
+    sc = make_scenario(method="draft_model", draft_model="qwen3-0.6b", acceptance=None)
+    d = _predict(gpus, models, sc).to_dict()
+    assert d["decision"] == "no-go"
+    assert any("tokenizer mismatch" in r for r in d["reasons"])
+
+
+def test_draft_that_does_not_fit_is_no_go(gpus, models, make_scenario):
+    sc = make_scenario(gpu="RTX-3090", method="draft_model", draft_model="llama-3.2-1b-instruct", acceptance=None,
+                       concurrency=64, prompt_tokens=2048, output_tokens=1024)
+    d = _predict(gpus, models, sc).to_dict()
+    assert not d["memory"]["fits"] and d["decision"] == "no-go"
+    assert any("draft + KV exceed VRAM" in r for r in d["reasons"])
+
+
+def test_prefill_dominated_workload_is_flagged(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario(prompt_tokens=8000, output_tokens=16, structure="rag",
+                                             concurrency=16)).to_dict()
+    assert d["latency_ms"]["prefill_share"] > 0.5
+    assert any("prefill is" in r and "prefill-dominated" in r for r in d["reasons"])
+    assert d["speedup"]["expected"] < d["speedup"]["decode"]
+
+
+def test_high_temperature_creative_lowers_acceptance(gpus, models, make_scenario):
+    cold = _predict(gpus, models, make_scenario(acceptance=None, structure="json", temperature=0.0)).to_dict()
+    hot = _predict(gpus, models, make_scenario(acceptance=None, structure="creative", temperature=1.0)).to_dict()
+    assert hot["acceptance"]["mean_acceptance_length"] < cold["acceptance"]["mean_acceptance_length"] - 0.2
+    assert hot["speedup"]["expected"] < cold["speedup"]["expected"]
+    assert any(r.startswith("AL ") and "temperature 1" in r for r in hot["reasons"])
+
+
+def test_prior_interval_is_wider_than_input_interval(gpus, models, make_scenario):
+    given = _predict(gpus, models, make_scenario()).to_dict()["speedup"]
+    prior = _predict(gpus, models, make_scenario(acceptance=None)).to_dict()["speedup"]
+    assert prior["high"] - prior["low"] > given["high"] - given["low"]
+
+
+def test_arrival_rate_uses_littles_law(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario(concurrency=None, requests_per_second=2.0)).to_dict()
+    c = d["concurrency"]
+    assert c["source"] == "input:requests_per_second"
+    lat_s = d["latency_ms"]["baseline"]["total"] / 1e3
+    assert c["baseline"] == pytest.approx(max(2.0 * lat_s, 1.0), rel=0.02)  # B = λ·L
+    assert d["tco"]["load_output_tokens_per_second"] == pytest.approx(2.0 * 256)
+
+
+def test_overload_saturates(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario(concurrency=None, requests_per_second=1e6)).to_dict()
+    assert d["concurrency"]["saturated"] and d["concurrency"]["baseline"] == 256
+    assert any("saturated" in r for r in d["reasons"])
+
+
+def test_ngram_and_methods_comparison(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario(method="ngram", draft_model=None, structure="rag",
+                                             acceptance=None)).to_dict()
+    assert d["memory"]["draft_weights_gb"] == 0.0
+    assert d["vllm"]["speculative_config"]["method"] == "ngram"
+    assert d["vllm"]["speculative_config"]["prompt_lookup_max"] == 5
+    methods = {m["method"] for m in d["methods"]}
+    assert {"ngram", "suffix", "eagle", "eagle3"} <= methods
+
+
+def test_vllm_settings(gpus, models, make_scenario):
+    d = _predict(gpus, models, make_scenario()).to_dict()
+    cfg = d["vllm"]["speculative_config"]
+    assert cfg["method"] == "eagle" and cfg["model"] == "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"
+    assert cfg["num_speculative_tokens"] == 2
+    flags = d["vllm"]["serve_flags"]
+    assert flags.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct --speculative-config ")
+    assert "--tensor-parallel-size 1" in flags
+
+
+def test_tco_with_load_and_slo(gpus, models, make_scenario):
+    sc = make_scenario(load=cm.TcoLoad(output_tokens_per_second=20_000), slo=cm.Slo(tpot_ms=10))
+    tco = _predict(gpus, models, sc).to_dict()["tco"]
+    assert tco["gpus_needed"]["speculative"] <= tco["gpus_needed"]["baseline"]
+    assert tco["monthly_usd"]["baseline"] == pytest.approx(tco["gpus_needed"]["baseline"] * 730 * 3.0)
+    assert tco["monthly_savings_usd"] >= 0
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"structure": "poetry"}, "workload.structure"),
+    ({"method": "lookahead"}, "speculator.method"),
+    ({"temperature": 3.0}, "workload.temperature"),
+    ({"concurrency": 0}, "workload.concurrency"),
+    ({"num_speculative_tokens": 40}, "speculator.num_speculative_tokens"),
+    ({"weights_dtype": "fp4"}, "weights_dtype"),
+    ({"gpu_count": 0}, "gpu_count"),
+    ({"method": "draft_model", "draft_model": None}, "speculator.draft_model"),
+])
+def test_impossible_inputs_name_the_field(gpus, models, make_scenario, changes, field):
+    with pytest.raises(cm.CostModelError) as err:
+        _predict(gpus, models, make_scenario(**changes))
+    assert err.value.field == field
+
+
+def test_impossible_al_names_acceptance_field(gpus, models, make_scenario):
+    with pytest.raises(cm.CostModelError) as err:
+        _predict(gpus, models, make_scenario(acceptance=cm.AcceptanceInput(mean_acceptance_length=3.5)))
+    assert err.value.field == "acceptance.mean_acceptance_length"
+
+
+def test_calibration_is_used_and_ranges_checked(gpus, models, make_scenario):
+    cal = cm.Calibration.from_dict({
+        "run_id": 7, "hardware": "H100-SXM",
+        "step_time": {"llama-3.1-8b-instruct": {"bandwidth_efficiency": 0.7, "compute_efficiency": 0.5,
+                                                "fixed_overhead_s": 8e-4,
+                                                "covariance": [[1e-4, 0, 0], [0, 1e-4, 0], [0, 0, 1e-8]]}},
+        "prefill": {}, "acceptance": {}, "max_batch_calibrated": 16, "temperature_range": [0.0, 1.0]})
+    assert cm.Calibration.from_dict(cal.to_dict()) == cal
+    sc = make_scenario(concurrency=8)
+    d = cm.predict(sc, gpus["H100-SXM"], models["llama-3.1-8b-instruct"], models["eagle-llama-3.1-8b"],
+                   calibration=cal).to_dict()
+    assert d["calibration_run_id"] == 7 and d["provenance"]["tpot_ms.baseline"] == "calibration:7"
+    far = cm.predict(make_scenario(concurrency=64), gpus["H100-SXM"], models["llama-3.1-8b-instruct"],
+                     models["eagle-llama-3.1-8b"], calibration=cal).to_dict()
+    assert far["decision"] in ("calibrate", "no-go")
+    if far["decision"] == "calibrate":
+        assert any("outside calibrated range" in r for r in far["reasons"])
+
+
+def test_calibrated_acceptance_model_round_trip(gpus, models, make_scenario):
+    acc = cm.AcceptanceModel(method="eagle", drafter="eagle-llama-3.1-8b", structure="prose", logit_intercept=1.0,
+                             logit_position_slope=-0.1, logit_temperature_slope=-0.5,
+                             covariance=[[0.01, 0, 0], [0, 0.001, 0], [0, 0, 0.01]], source="fit")
+    cal = cm.Calibration(run_id=3, hardware="H100-SXM", step_time={}, prefill={},
+                         acceptance={cm.acceptance_key("eagle", "eagle-llama-3.1-8b", "prose"): acc},
+                         max_batch_calibrated=64, temperature_range=(0.0, 1.0))
+    assert cm.AcceptanceModel.from_dict(acc.to_dict()) == acc
+    d = cm.predict(make_scenario(acceptance=None), gpus["H100-SXM"], models["llama-3.1-8b-instruct"],
+                   models["eagle-llama-3.1-8b"], calibration=cal).to_dict()
+    assert d["acceptance"]["source"] == "calibration:3"
+    assert d["provenance"]["acceptance.mean_acceptance_length"] == "calibration:3"
+
+
+def test_tensor_parallel_70b(gpus, models, make_scenario):
+    sc = make_scenario(target_model="llama-3-70b-instruct", gpu_count=4, method="draft_model",
+                       draft_model="llama-3.2-1b-instruct", acceptance=None, concurrency=4)
+    d = _predict(gpus, models, sc).to_dict()
+    assert d["memory"]["fits"] and "--tensor-parallel-size 4" in d["vllm"]["serve_flags"]
+    assert d["speedup"]["expected"] > 1.2

@@ -1,0 +1,74 @@
+"""Step time: roofline behaviour and the H200 verify-cost ratios of design.md §1."""
+from __future__ import annotations
+
+import pytest
+
+from advisor import costmodel as cm
+
+H200_RATIOS = {1: 1.08, 16: 1.14, 64: 2.04, 256: 3.26}  # verify of 6 tokens / decode step, design.md §1
+H200_TOLERANCE = 0.08  # stated tolerance (relative), at an assumed mean context of 1024 tokens
+H200_CONTEXT_TOKENS = 1024
+
+
+@pytest.mark.parametrize("batch", sorted(H200_RATIOS))
+def test_h200_verify_ratios(gpus, models, batch):
+    g, m = gpus["H200-SXM"], models["llama-3.1-8b-instruct"]
+    verify = cm.step_time_s(g, m, batch, 6, H200_CONTEXT_TOKENS)
+    decode = cm.step_time_s(g, m, batch, 1, H200_CONTEXT_TOKENS)
+    assert verify / decode == pytest.approx(H200_RATIOS[batch], rel=H200_TOLERANCE)
+
+
+def test_batch_one_decode_is_memory_bound(gpus, models):
+    g, m = gpus["H100-SXM"], models["llama-3.1-8b-instruct"]
+    t = cm.step_time_s(g, m, 1, 1, 128)
+    weights_time = cm.weights_bytes(m) / (g.hbm_bandwidth_gb_per_s * 1e9)
+    assert weights_time < t < weights_time / 0.8 + 2e-3  # ≥ ideal streaming, ≤ at η_bw plus overheads
+
+
+def test_step_time_monotone_in_batch_query_and_context(gpus, models):
+    g, m = gpus["H100-SXM"], models["llama-3.1-8b-instruct"]
+    assert cm.step_time_s(g, m, 64, 1, 512) > cm.step_time_s(g, m, 8, 1, 512)
+    assert cm.step_time_s(g, m, 8, 4, 512) > cm.step_time_s(g, m, 8, 1, 512)
+    assert cm.step_time_s(g, m, 8, 1, 8192) > cm.step_time_s(g, m, 8, 1, 512)
+
+
+def test_compute_bound_regime_scales_with_tokens(gpus, models):
+    g, m = gpus["H100-SXM"], models["llama-3.1-8b-instruct"]
+    t1 = cm.step_time_s(g, m, 256, 8, 64)
+    t2 = cm.step_time_s(g, m, 512, 8, 64)
+    assert t2 / t1 == pytest.approx(2.0, rel=0.1)
+
+
+def test_verify_cost_grows_with_batch(gpus, models):
+    g, m = gpus["H100-SXM"], models["llama-3.1-8b-instruct"]
+    ratios = [cm.step_time_s(g, m, b, 4, 1024) / cm.step_time_s(g, m, b, 1, 1024) for b in (1, 8, 32, 128)]
+    assert ratios == sorted(ratios)
+
+
+def test_tensor_parallel_is_faster_but_not_linear(gpus, models):
+    g, m = gpus["H100-SXM"], models["llama-3-70b-instruct"]
+    t1, t4 = cm.step_time_s(g, m, 1, 1, 512), cm.step_time_s(g, m, 1, 1, 512, gpu_count=4)
+    assert t1 / 4 < t4 < t1 / 2
+
+
+def test_fp8_faster_than_bf16_at_decode(gpus, models):
+    g, m = gpus["H100-SXM"], models["llama-3.1-8b-instruct"]
+    assert cm.step_time_s(g, m, 1, 1, 512, weights_dtype="fp8") < 0.7 * cm.step_time_s(g, m, 1, 1, 512)
+
+
+def test_calibrated_params_are_used(gpus, models):
+    g, m = gpus["H100-SXM"], models["llama-3.1-8b-instruct"]
+    slow = cm.StepTimeParams(bandwidth_efficiency=0.4, compute_efficiency=0.3, fixed_overhead_s=1e-3)
+    assert cm.step_time_s(g, m, 1, 1, 512, params=slow) > 1.5 * cm.step_time_s(g, m, 1, 1, 512)
+    assert cm.StepTimeParams.from_dict(slow.to_dict()) == slow
+
+
+def test_bad_batch_is_an_error(gpus, models):
+    with pytest.raises(cm.CostModelError):
+        cm.step_time_s(gpus["H100-SXM"], models["llama-3.1-8b-instruct"], 0, 1, 512)
+
+
+def test_small_model_step_has_overhead_floor(gpus, models):
+    g = gpus["H100-SXM"]
+    t = cm.step_time_s(g, models["smollm2-135m-instruct"], 1, 1, 128)
+    assert t > 0.5e-3  # launch/engine overheads dominate a 135M model
