@@ -109,6 +109,23 @@ def validate(ctx: click.Context) -> None:
     sys.exit(bench.main(parser.parse_args(ctx.args)))
 
 
+@main.command()
+@click.argument("rec_id", type=int)
+@click.option("--out", required=True, type=click.Path(dir_okay=False, writable=True, path_type=Path),
+              help="HTML file to write (self-contained: opens offline).")
+@with_appcontext
+def report(rec_id: int, out: Path) -> None:
+    """Write a stored recommendation's report (verdict, plots, vLLM settings, provenance) as one HTML file."""
+    from .errors import ApiError
+    from .reports import write_report
+
+    try:
+        write_report(rec_id, out)
+    except ApiError as exc:
+        raise click.ClickException(exc.message) from None
+    click.echo(f"wrote {out}")
+
+
 @main.command("create-token")
 @click.argument("name")
 @with_appcontext

@@ -126,8 +126,8 @@ def summary(rec: Recommendation) -> dict[str, Any]:
     workload = inputs.get("workload", {})
     usd = (answer.get("tco") or {}).get("usd_per_million_output_tokens") or {}
     concurrency = workload.get("concurrency")
-    if concurrency is None:
-        concurrency = (answer.get("memory") or {}).get("concurrency") or answer.get("concurrency")
+    if concurrency is None:  # open loop: the concurrency the cost model derived (Little's law)
+        concurrency = (answer.get("concurrency") or {}).get("speculative")
     return {
         "id": rec.id, "created_at": rec.created_at, "gpu": rec.gpu, "gpu_count": inputs.get("gpu_count", 1),
         "target_model": rec.target_model, "method": rec.method, "draft_model": rec.draft_model,

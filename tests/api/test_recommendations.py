@@ -78,6 +78,15 @@ def test_list_filters_and_paginates(client):
     assert client.get("/v1/recommendations?created_after=2999-01-01T00:00:00").get_json() == []
 
 
+def test_open_loop_workloads_list_and_export(client):
+    body = example_scenario()
+    body["workload"] = {**body["workload"], "concurrency": None, "requests_per_second": 3.0}
+    assert post(client, body).status_code == 201
+    [row] = client.get("/v1/recommendations").get_json()
+    assert row["concurrency"] > 0  # derived by Little's law
+    assert client.get("/v1/recommendations/export?format=csv").status_code == 200
+
+
 def test_compare_side_by_side(client):
     a = post(client, example_scenario()).get_json()["id"]
     b = post(client, example_scenario(gpu="H200-SXM")).get_json()["id"]
