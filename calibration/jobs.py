@@ -1,0 +1,192 @@
+"""Calibration jobs: run the probes in a child process, stream what they measure into a sink, fit, finish.
+
+Entry points:
+- ``run_calibration(run_id)``: the RQ job (``advisor worker`` on a GPU node; needs DATABASE_URL);
+- ``python -m calibration.jobs RUN_ID``: the same, as the service's background process when there is no Redis;
+- ``execute(request, sink)``: shared by both and by ``advisor calibrate`` (local DB or ``--server`` upload).
+A run whose probe process fails (engine OOM at start, crash, time-out) ends ``failed`` with the error and
+keeps every measurement already streamed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 1.0
+
+
+class Sink(Protocol):
+    """Where a run's updates go: the database (``DbSink``) or a remote service (``HttpSink``)."""
+
+    def record(self, update: dict[str, Any]) -> None: ...
+
+    def specs(self, request: dict[str, Any]) -> tuple[Any, Any, Any]: ...
+
+
+class DbSink:
+    """Writes into this service's database through ``advisor.services.calibrations`` (needs an app context)."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run_id = run_id
+
+    def record(self, update: dict[str, Any]) -> None:
+        from advisor.services import calibrations
+
+        calibrations.record(calibrations.get(self.run_id), update)
+
+    def specs(self, request: dict[str, Any]) -> tuple[Any, Any, Any]:
+        from advisor.services import catalog
+
+        gpu = catalog.gpu_spec(catalog.require_gpu(request["hardware"], "hardware"))
+        target = catalog.model_spec(catalog.require_model(request["target_model"], "target_model"))
+        draft = request.get("draft_model")
+        return gpu, target, catalog.model_spec(catalog.require_model(draft, "draft_model")) if draft else None
+
+
+class HttpSink:
+    """Uploads to a remote service: ``PATCH /v1/calibrations/<id>`` with a token."""
+
+    def __init__(self, server: str, token: str, run_id: int) -> None:
+        self.server, self.token, self.run_id = server.rstrip("/"), token, run_id
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        request = urllib.request.Request(
+            self.server + path, method=method, data=json.dumps(body).encode() if body is not None else None,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")[:2000]
+            raise RuntimeError(f"{method} {path} -> {exc.code}: {detail}") from None
+
+    def record(self, update: dict[str, Any]) -> None:
+        self.call("PATCH", f"/v1/calibrations/{self.run_id}", update)
+
+    def specs(self, request: dict[str, Any]) -> tuple[Any, Any, Any]:
+        from advisor.costmodel import GpuSpec, ModelSpec
+
+        gpu = GpuSpec.from_dict(self.call("GET", f"/v1/gpus/{request['hardware']}"))
+        target = ModelSpec.from_dict(self.call("GET", f"/v1/models/{request['target_model']}"))
+        draft = request.get("draft_model")
+        return gpu, target, ModelSpec.from_dict(self.call("GET", f"/v1/models/{draft}")) if draft else None
+
+
+def execute(request: dict[str, Any], sink: Sink, timeout_s: float | None = None) -> str:
+    """Probe (child process), stream into ``sink``, fit, and return the final status."""
+    records: list[dict[str, Any]] = []
+    done: dict[str, Any] | None = None
+    last_progress = 0.0
+    sink.record({"status": "running", "message": "starting the probe process"})
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "calibration.runner", json.dumps(request)],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+        timer = threading.Timer(timeout_s, _kill, (proc,)) if timeout_s else None
+        if timer:
+            timer.start()
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                kind = event.get("event")
+                if kind == "environment":
+                    sink.record({"environment": event["environment"]})
+                elif kind == "measurement":
+                    records.append(event["record"])
+                    sink.record({"measurements": [event["record"]]})
+                elif kind == "progress" and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = time.monotonic()
+                    sink.record({"progress": round(0.95 * float(event["progress"]), 4), "message": event["message"]})
+                elif kind == "done":
+                    done = event
+            returncode = proc.wait()
+        finally:
+            if timer:
+                timer.cancel()
+            if proc.poll() is None:
+                _kill(proc)
+        stderr.seek(0)
+        stderr_tail = stderr.read()[-3000:]
+    if done is None or done.get("status") != "succeeded":
+        if done is not None:
+            error = done.get("error") or "probe run failed"
+        elif timeout_s and returncode in (-signal.SIGKILL, -signal.SIGTERM):
+            error = f"timed out after {timeout_s:.0f} s"
+        else:
+            error = f"the probe process died (exit code {returncode})"
+        sink.record({"status": "failed", "error": f"{error}\n--- probe log (tail) ---\n{stderr_tail}",
+                     "message": f"failed after {len(records)} measurements"})
+        return "failed"
+    try:
+        fits = fit_records(request, records, sink)
+    except Exception as exc:  # noqa: BLE001  (a fit that fails still leaves the measurements)
+        log.exception("fitting failed")
+        sink.record({"status": "failed", "error": f"fitting failed: {type(exc).__name__}: {exc}"})
+        return "failed"
+    sink.record({"fits": fits, "status": "succeeded",
+                 "message": f"{len(records)} measurements, {len(fits)} fits"})
+    return "succeeded"
+
+
+def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Sink) -> list[dict[str, Any]]:
+    from .fit import fit_run
+
+    gpu, target, draft = sink.specs(request)
+    drafter = request.get("draft_model") if request.get("method") != "ngram" else None
+    return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the runner and vLLM's engine-core children
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _app():
+    from advisor import create_app
+
+    return create_app()
+
+
+def run_calibration(run_id: int) -> str:
+    """The RQ job: run calibration ``run_id`` against the database of DATABASE_URL."""
+    app = _app()
+    with app.app_context():
+        from advisor.services import calibrations
+
+        run = calibrations.get(run_id)
+        timeout = float(app.config["CALIBRATION_JOB_TIMEOUT_S"])
+        return execute(dict(run.config), DbSink(run_id), timeout_s=timeout)
+
+
+def on_job_failure(job, connection, exc_type, exc_value, tb) -> None:  # noqa: ANN001  (RQ's signature)
+    """RQ failure callback (job time-out, worker killed): a run never stays 'running' forever."""
+    app = _app()
+    with app.app_context():
+        from advisor.services import calibrations
+
+        run = calibrations.get(int(job.args[0]))
+        if run.status not in calibrations.FINAL_STATES:
+            calibrations.record(run, {"status": "failed",
+                                      "error": f"job failed: {getattr(exc_type, '__name__', exc_type)}: {exc_value}"})
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    status = run_calibration(int(sys.argv[1]))
+    raise SystemExit(0 if status == "succeeded" else 1)
