@@ -213,3 +213,7 @@ def calibrate(ctx: click.Context) -> None:
     from calibration import cli as calibration_cli
 
     sys.exit(calibration_cli.main(ctx.args))
+
+
+if __name__ == "__main__":
+    main()

@@ -19,10 +19,12 @@ from .. import costmodel
 from ..errors import ApiError
 from ..extensions import db
 from ..models import CalibrationRun, FittedParameters, ProbeMeasurement, utcnow
+from . import catalog
 
 log = logging.getLogger(__name__)
 
 JOB_FUNCTION = "calibration.jobs.run_calibration"
+FAILURE_CALLBACK = "calibration.jobs.on_job_failure"
 FINAL_STATES = ("succeeded", "failed")
 
 
@@ -32,6 +34,10 @@ def queue_name(hardware: str) -> str:
 
 
 def create(request: dict[str, Any], external: bool = False) -> CalibrationRun:
+    catalog.require_gpu(request["hardware"], "hardware")  # fits need the hardware's and models' specs
+    catalog.require_model(request["target_model"], "target_model")
+    if request.get("draft_model"):
+        catalog.require_model(request["draft_model"], "draft_model")
     run = CalibrationRun(
         hardware=request["hardware"], target_model=request["target_model"], method=request["method"],
         draft_model=request.get("draft_model"), status="running" if external else "queued",
@@ -52,8 +58,11 @@ def enqueue(run: CalibrationRun) -> None:
         from rq import Queue
 
         queue = Queue(run.queue, connection=Redis.from_url(redis_url))
-        job = queue.enqueue(JOB_FUNCTION, run.id, job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"],
-                            result_ttl=86_400, failure_ttl=7 * 86_400)
+        from rq import Callback
+
+        # the job kills its own probe process at the time-out; RQ's limit is a backstop a minute later
+        job = queue.enqueue(JOB_FUNCTION, run.id, job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"] + 60,
+                            result_ttl=86_400, failure_ttl=7 * 86_400, on_failure=Callback(FAILURE_CALLBACK))
         run.job_id = job.id
         run.message = f"queued on '{run.queue}'; start 'advisor worker --hardware {run.hardware}' on the node"
     else:

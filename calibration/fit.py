@@ -1,0 +1,581 @@
+"""Fit the cost model's parameters to calibration measurements (design.md §3-§4).
+
+Input: stored measurement records ``{"probe": str, "params": {"engine": {...}}, "values": {...}}`` (the
+probe dataclasses of :mod:`calibration.probes` minus ``probe``/``engine``/``environment``; a bare
+``dataclasses.asdict`` dict or the dataclass itself is accepted too).
+
+- :func:`fit_step_time` -- weighted least squares (``scipy.optimize.least_squares``) of the decode (q = 1) and
+  verify (q = k + 1) step times against batch size, through the cost model's own
+  :func:`advisor.costmodel.steptime.step_time_from_cost`, so the fit and the prediction share one formula.
+  Free: ``bandwidth_efficiency``, ``compute_efficiency``, ``fixed_overhead_s``; ``verify_overhead_s`` when
+  there are verify and decode points; ``roofline_sharpness`` when the points span the memory→compute
+  crossover. ``per_layer_overhead_s`` is only free when the records cover several models (it is otherwise
+  indistinguishable from ``fixed_overhead_s``).
+- :func:`fit_prefill` -- ``PrefillParams`` (compute efficiency, fixed overhead) from time-to-first-token over
+  prompt lengths, through :func:`advisor.costmodel.steptime.prefill_time_s`.
+- :func:`fit_acceptance` -- ``AcceptanceModel``: logistic conditional acceptance ``c_i(T) = sigmoid(a + b·i +
+  c·T)`` by maximum likelihood on vLLM's per-position counters (binomial: a_i accepted of a_{i-1} reaching
+  position i, a_{-1} = N drafts), with a weak Gaussian prior (keeps perfectly separated data, e.g. a model
+  drafting for itself, finite); covariance = inverse of (Fisher information + prior precision), inflated by
+  the Pearson over-dispersion when prompts vary more than binomially. ``draft_fraction`` = drafts / decode
+  steps (logistic in T too: ``draft_fraction_logit`` / ``draft_fraction_temperature_slope``).
+- :func:`fit_run` -- all of the above for one calibration run -> fit records ``{"kind", "key", "params",
+  "residuals"}`` as ``advisor.services.calibrations.to_calibration`` reads them back; :func:`summary` rates them.
+
+Residuals of timing fits are relative ((predicted − measured) / measured); of acceptance fits, relative AL.
+Covariances are ``s²(JᵀJ)⁻¹`` with s² the residual variance (data rows) -- see :class:`FitResult`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares, minimize
+
+from advisor.costmodel.acceptance import draft_fraction_at
+from advisor.costmodel.steptime import (default_prefill_params, default_step_time_params, forward_cost,
+                                        prefill_compute_s, step_time_from_cost, tp_allreduce_s, weight_bytes_read)
+from advisor.costmodel.types import (AcceptanceModel, GpuSpec, ModelSpec, PrefillParams, StepTimeParams,
+                                     acceptance_key)
+
+SOURCE = "calibration"
+STEP_COV_FIELDS = ("bandwidth_efficiency", "compute_efficiency", "fixed_overhead_s")  # StepTimeParams.covariance
+PREFILL_COV_FIELDS = ("compute_efficiency", "fixed_overhead_s")  # PrefillParams.covariance
+BOUNDS: dict[str, tuple[float, float]] = {
+    "bandwidth_efficiency": (0.02, 1.0),
+    "compute_efficiency": (0.02, 1.0),
+    "fixed_overhead_s": (0.0, 1.0),
+    "per_layer_overhead_s": (0.0, 0.05),
+    "verify_overhead_s": (0.0, 1.0),
+    "per_sequence_overhead_s": (0.0, 0.1),
+    "roofline_sharpness": (1.0, 8.0),
+}
+# Weak priors (relative std around the catalog/engine default) on the efficiencies only: they keep η_bw and
+# t_fixed apart when one model at one context cannot (decode time = t_fixed + W/(BW·η_bw)). Overheads get no
+# prior: CPU and eager engines are 10-100× above the CUDA-graph defaults.
+EFFICIENCY_PRIOR_REL_STD = 0.5
+MIN_REL_NOISE = 0.005  # floor of the estimated relative noise (a perfect synthetic fit keeps a finite covariance)
+ACCEPTANCE_PRIOR_STD = np.array([4.0, 1.0, 2.0])  # weak prior on (a, b, c) around 0
+UNFIT_TEMPERATURE_SLOPE_STD = 0.5  # when all drafts ran at one temperature: c = 0 with this (logit) std
+LOGIT_BOUND = 12.0
+
+
+# --------------------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class Record:
+    probe: str
+    engine: dict
+    values: dict
+
+
+def normalize(record: Any) -> Record:
+    """Stored record, ``asdict`` dict or probe dataclass -> :class:`Record`."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        record = dataclasses.asdict(record)
+    if isinstance(record, Record):
+        return record
+    if "values" in record:
+        engine = (record.get("params") or {}).get("engine") or {}
+        return Record(str(record["probe"]), dict(engine), dict(record["values"]))
+    values = {k: v for k, v in record.items() if k not in ("probe", "engine", "environment")}
+    return Record(str(record["probe"]), dict(record.get("engine") or {}), values)
+
+
+def _records(records: Iterable[Any], probe: str, model_path: str | None = None) -> list[Record]:
+    out = [normalize(r) for r in records]
+    out = [r for r in out if r.probe == probe]
+    if model_path is not None:
+        out = [r for r in out if r.engine.get("model") in (None, model_path)]
+    return out
+
+
+def model_paths(records: Iterable[Any]) -> list[str]:
+    """Distinct engine model paths among timing records (most records first)."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in map(normalize, records):
+        if r.probe in ("step_time", "prefill") and r.engine.get("model"):
+            counts[r.engine["model"]] += 1
+    return sorted(counts, key=lambda p: -counts[p])
+
+
+# --------------------------------------------------------------------------------------------- results
+@dataclass
+class FitResult:
+    """A fit: ``params`` (the cost-model dataclass, ``source="calibration"``), the covariance over ``free``
+    (in that order), residuals per point, and the quality of fit."""
+
+    params: Any
+    covariance: list[list[float]]
+    residuals: list[float]
+    n_points: int
+    rmse_rel: float
+    free: tuple[str, ...] = ()
+    points: list[dict] = field(default_factory=list)  # measured vs predicted per point (for reports)
+
+    def std(self) -> dict[str, float]:
+        return {name: float(math.sqrt(max(self.covariance[i][i], 0.0))) for i, name in enumerate(self.free)}
+
+
+def _rel_noise(res: np.ndarray, n_free: int) -> float:
+    dof = max(len(res) - n_free, 1)
+    return max(float(np.sqrt(np.sum(res ** 2) / dof)), MIN_REL_NOISE)
+
+
+def _wls(fun, x0: np.ndarray, lower: np.ndarray, upper: np.ndarray, prior_mean: np.ndarray,
+         prior_std: np.ndarray, n_data: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weighted least squares: data residuals (relative) / σ plus prior rows (x − μ)/σ_prior (σ_prior = inf: none).
+
+    Two passes: σ = 5 %, then σ = the data's own rms. Returns x, covariance (JᵀJ)⁻¹ of the weighted system,
+    and the data residuals at x.
+    """
+    has_prior = np.isfinite(prior_std)
+
+    def weighted(x: np.ndarray, sigma: float) -> np.ndarray:
+        rows = [fun(x) / sigma]
+        if has_prior.any():
+            rows.append((x[has_prior] - prior_mean[has_prior]) / prior_std[has_prior])
+        return np.concatenate(rows)
+
+    x = np.clip(x0, lower, upper)
+    sigma = 0.05
+    for _ in range(2):
+        sol = least_squares(weighted, x, bounds=(lower, upper), args=(sigma,), x_scale="jac", method="trf",
+                            xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+        x = sol.x
+        res = fun(x)
+        sigma = _rel_noise(res, len(x) - int(has_prior.sum()))
+    sol = least_squares(weighted, x, bounds=(lower, upper), args=(sigma,), x_scale="jac", method="trf",
+                        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    x = sol.x
+    jac = _jacobian(lambda z: weighted(z, sigma), x, lower, upper)
+    cov = np.linalg.pinv(jac.T @ jac)
+    return x, cov, fun(x)
+
+
+def _jacobian(f, x: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Central differences (one-sided at a bound) with steps relative to each parameter's scale."""
+    f0 = f(x)
+    jac = np.empty((len(f0), len(x)))
+    for j in range(len(x)):
+        h = 1e-5 * max(abs(x[j]), 1e-6)
+        lo, hi = max(x[j] - h, lower[j]), min(x[j] + h, upper[j])
+        xa, xb = x.copy(), x.copy()
+        xa[j], xb[j] = lo, hi
+        jac[:, j] = (f(xb) - f(xa)) / (hi - lo)
+    return jac
+
+
+# --------------------------------------------------------------------------------------------- step time
+@dataclass(frozen=True)
+class StepPoint:
+    """One timed step. ``kind``: "step" (decode q = 1, or verify q = k + 1 of a free proposer) or "cycle" (a whole
+    speculative cycle of a draft model: k drafter forwards + one verify over k + 1 tokens)."""
+
+    kind: str
+    model: ModelSpec
+    draft: ModelSpec | None
+    batch: float
+    q: float
+    k: int
+    context: float
+    seconds: float
+
+
+def _spec_method(r: Record) -> str | None:
+    spec = r.engine.get("speculative_config") or None
+    return spec.get("method") if isinstance(spec, dict) else None
+
+
+def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None = None,
+                models: dict[str, ModelSpec] | None = None) -> list[StepPoint]:
+    """Step-time records -> points. Records of ``model_path`` (or of any path not in ``models``) are ``model``'s;
+    ``models`` maps other checkpoints' paths to their specs (joint fit). A draft-model engine's records are spec
+    cycles; its drafter is the target itself when the draft path is the target's ("self")."""
+    models = models or {}
+    out = []
+    for r in _records(records, "step_time"):
+        v = r.values
+        if not v.get("step_s") or v["step_s"] <= 0:
+            continue
+        path = r.engine.get("model")
+        if path in models:
+            m = models[path]
+        elif model_path is None or path in (None, model_path):
+            m = model
+        else:
+            continue
+        steps = float(v.get("steps") or 0.0)
+        batch, q = float(v["batch_size"]), float(v.get("q", 1))
+        ctx = float(v.get("context_len", 0)) + 1.0 + steps / 2.0  # mean context: prompt + half the decode
+        method = _spec_method(r)
+        if method in ("draft_model",):
+            spec = r.engine.get("speculative_config") or {}
+            dpath = spec.get("model")
+            draft = m if dpath in (None, "self", path) else models.get(dpath)
+            if draft is None:
+                continue
+            k = int(spec.get("num_speculative_tokens") or (q - 1))
+            # tokens per cycle per sequence -> context grows (1 + accepted) per cycle
+            per_cycle = max(1.0, 1.0 + float(v.get("accepted_tokens", 0) or 0) / max(batch * steps, 1.0))
+            ctx = float(v.get("context_len", 0)) + 1.0 + steps * per_cycle / 2.0
+            out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"])))
+        elif method in (None, "custom_class"):
+            out.append(StepPoint("step", m, None, batch, q, int(q - 1), ctx, float(v["step_s"])))
+    return out
+
+
+def predict_points(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimeParams,
+                   weights_dtype: str = "bf16") -> np.ndarray:
+    """Seconds per point from the cost model: ``step_time_from_cost`` for steps, and the speculative cycle of
+    ``advisor.costmodel.speculation.evaluate_grid`` (acceptance 1, every step drafts) for cycles."""
+    from advisor.costmodel.speculation import CycleSetup, StepSamples, evaluate_grid
+
+    out = np.empty(len(points))
+    for i, p in enumerate(points):
+        cost = forward_cost(gpu, p.model, weights_dtype)
+        if p.kind == "step":
+            out[i] = float(step_time_from_cost(cost, params, p.batch, p.q, p.context))
+        else:
+            dcost = forward_cost(gpu, p.draft, "bf16")
+            pre = default_prefill_params(gpu)
+            # decode_context_tokens = prompt + output / 2 = p.context
+            setup = CycleSetup(method="draft_model", target=cost, draft=dcost, target_step=params, draft_step=params,
+                               target_prefill=pre, draft_prefill=pre, prompt_tokens=p.context - 0.5, output_tokens=1)
+            grid = evaluate_grid(setup, np.array([p.batch]), np.array([p.k]), np.ones((1, p.k)), np.ones(1),
+                                 StepSamples.point(params))
+            out[i] = float(grid.cycle_s[0, 0, 0])
+    return out
+
+
+def step_free_parameters(points: Sequence[StepPoint]) -> list[str]:
+    """The parameters these points determine (see the module docstring)."""
+    free = list(STEP_COV_FIELDS)
+    steps = [p for p in points if p.kind == "step"]
+    q = np.array([p.q for p in steps])
+    if np.any(q > 1) and np.any(q == 1):
+        free.append("verify_overhead_s")
+    tokens = np.unique([p.batch * p.q for p in steps])
+    if len(tokens) >= 4 and tokens.max() / tokens.min() >= 8 and len(points) >= len(free) + 2:
+        free.append("roofline_sharpness")
+    if len({p.model.num_layers for p in points}) > 1:
+        free.append("per_layer_overhead_s")
+    if any(p.kind == "cycle" for p in points):
+        free.append("proposer_overhead_s")
+    return free
+
+
+def fit_step_time(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, weights_dtype: str = "bf16",
+                  base: StepTimeParams | None = None, free: Sequence[str] | None = None,
+                  model_path: str | None = None, priors: bool = True,
+                  models: dict[str, ModelSpec] | None = None) -> FitResult:
+    """Fit ``StepTimeParams`` of ``model`` on ``gpu`` to step-time records: decode (q = 1) and verify
+    (q = k + 1, free proposer) steps, and whole draft-model cycles (``proposer_overhead_s``).
+
+    ``base`` gives the starting point and every parameter left fixed (default: the catalog/engine defaults);
+    ``free`` overrides the automatic choice (:func:`step_free_parameters`); ``model_path`` keeps only records
+    whose engine ran that checkpoint, and ``models`` (path -> spec) adds records of other checkpoints on the same
+    hardware and engine (a joint fit: one set of parameters; several layer counts determine
+    ``per_layer_overhead_s``). ``priors=False`` drops the weak priors on the efficiencies.
+    """
+    points = step_points(records, model, model_path, models)
+    if len(points) < 3:
+        raise ValueError(f"need at least 3 step-time points to fit, got {len(points)}")
+    t = np.array([p.seconds for p in points])
+    base = base or default_step_time_params(gpu)
+    free = list(free) if free is not None else step_free_parameters(points)
+    start = _step_start(gpu, base, points, weights_dtype)
+
+    def params_of(x: np.ndarray) -> StepTimeParams:
+        return dataclasses.replace(start, **{name: float(v) for name, v in zip(free, x)})
+
+    def rel_res(x: np.ndarray) -> np.ndarray:
+        return (predict_points(points, gpu, params_of(x), weights_dtype) - t) / t
+
+    default = default_step_time_params(gpu)
+    x0 = np.array([getattr(start, n) for n in free])
+    lower = np.array([BOUNDS[n][0] for n in free])
+    upper = np.array([BOUNDS[n][1] for n in free])
+    mu = np.array([getattr(default, n) for n in free])
+    sd = np.array([EFFICIENCY_PRIOR_REL_STD * getattr(default, n) if priors and n.endswith("_efficiency") else np.inf
+                   for n in free])
+    x, cov, res = _wls(rel_res, x0, lower, upper, mu, sd, len(t))
+    fitted = params_of(x)
+    idx = [free.index(n) if n in free else None for n in STEP_COV_FIELDS]
+    cov3 = [[float(cov[i, j]) if i is not None and j is not None else 0.0 for j in idx] for i in idx]
+    fitted = dataclasses.replace(fitted, covariance=cov3, source=SOURCE)
+    pred = predict_points(points, gpu, fitted, weights_dtype)
+    rows = [{"kind": p.kind, "model": p.model.name, "batch": int(p.batch), "q": int(p.q), "context": p.context,
+             "measured_s": float(p.seconds), "predicted_s": float(pr)} for p, pr in zip(points, pred)]
+    return FitResult(fitted, cov.tolist(), [float(r) for r in res], len(t), float(np.sqrt(np.mean(res ** 2))),
+                     tuple(free), rows)
+
+
+def _step_start(gpu: GpuSpec, base: StepTimeParams, points: Sequence[StepPoint], weights_dtype: str) -> StepTimeParams:
+    """A starting point near the data: the smallest decode step split evenly into memory time and overhead, the
+    largest step's excess over it taken as compute (the fit moves both)."""
+    steps = [p for p in points if p.kind == "step"] or list(points)
+    first = min(steps, key=lambda p: (p.q, p.batch, p.seconds))
+    cost = forward_cost(gpu, first.model, weights_dtype)
+    mem_at_1 = weight_bytes_read(cost, 1.0) / cost.bandwidth_bytes_per_s
+    eta_bw = float(np.clip(mem_at_1 / (0.5 * first.seconds), 0.05, 1.0))
+    fixed = max(first.seconds - mem_at_1 / eta_bw, 0.0)
+    big = max(steps, key=lambda p: p.batch * p.q)
+    extra = max(big.seconds - first.seconds, 1e-6)
+    comp = big.batch * big.q * forward_cost(gpu, big.model, weights_dtype).flops_per_token / cost.peak_flops_per_s
+    eta_f = float(np.clip(comp / extra, 0.05, 1.0))
+    return dataclasses.replace(base, bandwidth_efficiency=eta_bw, compute_efficiency=eta_f, fixed_overhead_s=fixed,
+                               roofline_sharpness=base.roofline_sharpness if base.roofline_sharpness else 2.5)
+
+
+# --------------------------------------------------------------------------------------------- prefill
+def prefill_batch_time_s(cost, params: PrefillParams, step: StepTimeParams, prompt_tokens, batch=1.0):
+    """Time to first token of ``batch`` prompts of ``prompt_tokens`` prefilled in one step; equals
+    :func:`advisor.costmodel.steptime.prefill_time_s` at batch 1 (tested)."""
+    b = np.asarray(batch, dtype=float)
+    p = np.asarray(prompt_tokens, dtype=float)
+    comp = b * prefill_compute_s(cost, p, params.compute_efficiency)
+    mem = weight_bytes_read(cost, b * p) / (cost.bandwidth_bytes_per_s * step.bandwidth_efficiency)
+    s = step.roofline_sharpness
+    return (params.fixed_overhead_s + cost.num_layers * step.per_layer_overhead_s + tp_allreduce_s(cost, b * p)
+            + (mem ** s + comp ** s) ** (1.0 / s))
+
+
+def fit_prefill(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, step_params: StepTimeParams,
+                weights_dtype: str = "bf16", model_path: str | None = None) -> FitResult:
+    """Fit ``PrefillParams`` (compute efficiency, fixed overhead) to the prefill records, with the step-time
+    fit's bandwidth efficiency, per-layer overhead and roofline sharpness held."""
+    recs = _records(records, "prefill", model_path)
+    p = np.array([float(r.values["prompt_len"]) for r in recs])
+    b = np.array([float(r.values.get("batch_size", 1)) for r in recs])
+    t = np.array([float(r.values["prefill_s"]) for r in recs])
+    if len(t) < 2:
+        raise ValueError(f"need at least 2 prefill points to fit, got {len(t)}")
+    cost = forward_cost(gpu, model, weights_dtype)
+    default = default_prefill_params(gpu)
+
+    def params_of(x: np.ndarray) -> PrefillParams:
+        return dataclasses.replace(default, compute_efficiency=float(x[0]), fixed_overhead_s=float(x[1]))
+
+    def rel_res(x: np.ndarray) -> np.ndarray:
+        return (np.asarray(prefill_batch_time_s(cost, params_of(x), step_params, p, b)) - t) / t
+
+    # start: slope between the two longest prompts -> compute rate; intercept -> overhead
+    order = np.argsort(b * p)
+    comp1 = prefill_compute_s(cost, p[order[-1]], 1.0) * b[order[-1]]
+    eta_f0 = float(np.clip(comp1 / max(t[order[-1]] - t[order[0]], 1e-6), 0.05, 1.0))
+    x0 = np.array([eta_f0, max(float(t[order[0]]) * 0.5, 0.0)])
+    lower = np.array([BOUNDS["compute_efficiency"][0], 0.0])
+    upper = np.array([BOUNDS["compute_efficiency"][1], BOUNDS["fixed_overhead_s"][1]])
+    free = ("compute_efficiency", "fixed_overhead_s")
+    x, cov, res = _wls(rel_res, x0, lower, upper, np.zeros(2), np.full(2, np.inf), len(t))
+    fitted = dataclasses.replace(params_of(x), covariance=cov.tolist(), source=SOURCE)
+    pred = np.asarray(prefill_batch_time_s(cost, fitted, step_params, p, b), dtype=float)
+    points = [{"prompt_tokens": int(pp), "batch": int(bb), "measured_s": float(m), "predicted_s": float(pr)}
+              for pp, bb, m, pr in zip(p, b, t, pred)]
+    return FitResult(fitted, cov.tolist(), [float(r) for r in res], len(t), float(np.sqrt(np.mean(res ** 2))),
+                     free, points)
+
+
+# --------------------------------------------------------------------------------------------- acceptance
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _logistic_map(X: np.ndarray, succ: np.ndarray, trials: np.ndarray, prior_std: np.ndarray,
+                  bound: float = LOGIT_BOUND) -> tuple[np.ndarray, np.ndarray, float]:
+    """MAP logistic regression (binomial counts, Gaussian prior N(0, prior_std²)); returns θ, covariance, and
+    the Pearson dispersion χ²/dof (≥ 1 means the counts vary more than binomially)."""
+    prec = 1.0 / prior_std ** 2
+
+    def nll(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        z = X @ theta
+        # log-likelihood of binomial counts: s·log σ(z) + (n − s)·log σ(−z)
+        ll = succ * -np.logaddexp(0.0, -z) + (trials - succ) * -np.logaddexp(0.0, z)
+        grad = X.T @ (succ - trials * _sigmoid(z))
+        return float(-ll.sum() + 0.5 * np.sum(prec * theta ** 2)), -grad + prec * theta
+
+    sol = minimize(nll, np.zeros(X.shape[1]), jac=True, method="L-BFGS-B",
+                   bounds=[(-bound * 4, bound * 4)] * X.shape[1], options={"maxiter": 500, "gtol": 1e-10})
+    theta = sol.x
+    p = _sigmoid(X @ theta)
+    info = (X * (trials * p * (1 - p))[:, None]).T @ X + np.diag(prec)
+    cov = np.linalg.inv(info)
+    used = trials > 0
+    dof = max(int(used.sum()) - X.shape[1], 1)
+    var = trials * p * (1 - p)
+    pearson = float(np.sum(((succ - trials * p) ** 2 / np.maximum(var, 1e-9))[used]) / dof)
+    return theta, cov, pearson
+
+
+def _acceptance_rows(recs: list[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(position, temperature, successes, trials) of the conditional acceptance at each draft position."""
+    pos, temp, succ, trials = [], [], [], []
+    for r in recs:
+        v = r.values
+        n = float(v.get("num_drafts") or 0)
+        a = [float(x) for x in (v.get("accepted_per_pos") or [])]
+        k = int(v.get("k") or len(a))
+        if n <= 0:
+            continue
+        a = (a + [0.0] * k)[:k]
+        reach = n
+        for i, acc in enumerate(a):
+            if reach <= 0:
+                break
+            pos.append(float(i))
+            temp.append(float(v.get("temperature", 0.0)))
+            succ.append(min(acc, reach))
+            trials.append(reach)
+            reach = acc
+    return np.array(pos), np.array(temp), np.array(succ), np.array(trials)
+
+
+def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, structure: str,
+                   drafter_label: str | None = None) -> FitResult:
+    """Fit the ``AcceptanceModel`` of (method, drafter, structure) to acceptance records of that structure
+    and method (all k and temperatures pooled; ``drafter_label`` keeps only records of that probe label)."""
+    recs = [r for r in _records(records, "acceptance")
+            if r.values.get("structure") == structure and r.values.get("method") == method
+            and (drafter_label is None or r.values.get("label") == drafter_label)]
+    if not recs:
+        raise ValueError(f"no acceptance records for {method}/{structure}")
+    pos, temp, succ, trials = _acceptance_rows(recs)
+    temps = sorted({float(r.values.get("temperature", 0.0)) for r in recs})
+    fit_temp = len(temps) > 1
+    if len(trials):
+        X = np.column_stack([np.ones_like(pos), pos] + ([temp] if fit_temp else []))
+        prior = ACCEPTANCE_PRIOR_STD if fit_temp else ACCEPTANCE_PRIOR_STD[:2]
+        theta, cov, dispersion = _logistic_map(X, succ, trials, prior)
+        cov = cov * max(dispersion, 1.0)
+        if not fit_temp:
+            theta = np.append(theta, 0.0)
+            full = np.zeros((3, 3))
+            full[:2, :2] = cov
+            full[2, 2] = UNFIT_TEMPERATURE_SLOPE_STD ** 2
+            cov = full
+    else:  # nothing ever drafted: acceptance unknown, draft fraction 0 says it never matters
+        theta, cov, dispersion = np.array([-LOGIT_BOUND, 0.0, 0.0]), np.diag([1.0, 0.01, 0.01]), 1.0
+    theta = np.clip(theta, -LOGIT_BOUND * 4, LOGIT_BOUND * 4)
+
+    # fraction of decode steps that drafted (n-gram finds no match on some steps): logistic in T
+    n_drafts = np.array([float(r.values.get("num_drafts") or 0) for r in recs])
+    steps = np.array([float(r.values.get("decode_steps") or 0) for r in recs])
+    rec_t = np.array([float(r.values.get("temperature", 0.0)) for r in recs])
+    ok = steps > 0
+    if ok.any():
+        drafted = np.minimum(n_drafts[ok], steps[ok])
+        Xf = np.column_stack([np.ones(ok.sum())] + ([rec_t[ok]] if fit_temp else []))
+        phi, _, _ = _logistic_map(Xf, drafted, steps[ok], np.full(Xf.shape[1], 10.0), bound=LOGIT_BOUND)
+        f_logit, f_slope = float(phi[0]), float(phi[1]) if fit_temp else 0.0
+        fraction = float(drafted.sum() / steps[ok].sum())
+    else:
+        f_logit, f_slope, fraction = LOGIT_BOUND, 0.0, 1.0
+    fraction = min(max(fraction, 0.0), 1.0)
+
+    model = AcceptanceModel(
+        method=method, drafter=drafter, structure=structure, logit_intercept=float(theta[0]),
+        logit_position_slope=float(theta[1]), logit_temperature_slope=float(theta[2]),
+        covariance=[[float(x) for x in row] for row in cov], temperature_range=(temps[0], temps[-1]),
+        draft_fraction=fraction, source=SOURCE)
+    model = dataclasses.replace(model, draft_fraction_logit=f_logit, draft_fraction_temperature_slope=f_slope)
+
+    residuals, points = [], []
+    for r in recs:
+        v = r.values
+        if not v.get("num_drafts"):
+            continue
+        k = int(v.get("k") or len(v.get("accepted_per_pos") or []))
+        pred = al_of(model, float(v.get("temperature", 0.0)), k)
+        meas = 1.0 + float(v["num_accepted_tokens"]) / float(v["num_drafts"])
+        residuals.append((pred - meas) / meas)
+        points.append({"temperature": float(v.get("temperature", 0.0)), "k": k, "num_drafts": int(v["num_drafts"]),
+                       "measured_al": meas, "predicted_al": pred,
+                       "measured_draft_fraction": v.get("drafted_fraction"),
+                       "predicted_draft_fraction": draft_fraction_at(model, float(v.get("temperature", 0.0)))})
+    res = np.array(residuals) if residuals else np.zeros(0)
+    return FitResult(model, [[float(x) for x in row] for row in cov], [float(x) for x in res], len(recs),
+                     float(np.sqrt(np.mean(res ** 2))) if len(res) else 0.0,
+                     ("logit_intercept", "logit_position_slope", "logit_temperature_slope"), points)
+
+
+def al_of(model: AcceptanceModel, temperature: float, k: int) -> float:
+    """AL over drafted steps (vLLM's 1 + A/N) predicted by ``model`` at ``temperature`` and ``k``."""
+    pos = np.arange(k, dtype=float)
+    cond = _sigmoid(model.logit_intercept + model.logit_position_slope * pos
+                    + model.logit_temperature_slope * temperature)
+    return float(1.0 + np.cumprod(cond).sum())
+
+
+# --------------------------------------------------------------------------------------------- a run
+def fit_run(records: Iterable[Any], gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, method: str,
+            drafter_name: str | None, weights_dtype: str = "bf16", target_path: str | None = None,
+            results: dict[str, FitResult] | None = None,
+            models: dict[str, ModelSpec] | None = None) -> list[dict[str, Any]]:
+    """Every fit one calibration run supports, as fit records for ``advisor.services.calibrations``:
+
+    - ``step_time`` / ``prefill`` keyed by the target's catalog name (records of the target's checkpoint:
+      ``target_path``, or the checkpoint with most timing records);
+    - ``acceptance`` keyed by ``acceptance_key(method, drafter_name, structure)`` for each structure measured.
+      For n-gram (and suffix) the drafter is None.
+
+    ``results`` (optional dict) receives the :class:`FitResult` of each fit by ``kind:key``; ``models`` (checkpoint
+    path -> spec) joins timing records of other checkpoints (e.g. a truncated copy) into the step-time fit.
+    """
+    records = [normalize(r) for r in records]
+    fits: list[dict[str, Any]] = []
+    paths = [p for p in model_paths(records) if p not in (models or {})]
+    path = target_path or (paths[0] if paths else None)
+    step_fit = None
+    if len(_records(records, "step_time", path)) >= 3:
+        step_fit = fit_step_time(records, gpu, target, weights_dtype, model_path=path, models=models)
+        fits.append(_fit_record("step_time", target.name, step_fit))
+        if results is not None:
+            results[f"step_time:{target.name}"] = step_fit
+    if len(_records(records, "prefill", path)) >= 2:
+        step_params = step_fit.params if step_fit else default_step_time_params(gpu)
+        pre = fit_prefill(records, gpu, target, step_params, weights_dtype, model_path=path)
+        fits.append(_fit_record("prefill", target.name, pre))
+        if results is not None:
+            results[f"prefill:{target.name}"] = pre
+    drafter = None if method in ("ngram", "suffix") else drafter_name
+    structures = sorted({r.values.get("structure") for r in _records(records, "acceptance")
+                         if r.values.get("method") == method and r.values.get("structure")})
+    for s in structures:
+        acc = fit_acceptance(records, method, drafter, s)
+        key = acceptance_key(method, drafter, s)
+        fits.append(_fit_record("acceptance", key, acc))
+        if results is not None:
+            results[f"acceptance:{key}"] = acc
+    return fits
+
+
+def _fit_record(kind: str, key: str, fit: FitResult) -> dict[str, Any]:
+    params = fit.params.to_dict()
+    return {"kind": kind, "key": key, "params": params, "residuals": [round(r, 6) for r in fit.residuals]}
+
+
+def summary(fits: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Quality of a run's fits: rms / max relative residual and the number of points per fit, and whether it is
+    good (timing rms ≤ 10 %, acceptance AL rms ≤ 15 %)."""
+    rows = []
+    for f in fits:
+        res = np.asarray(f.get("residuals") or [], dtype=float)
+        rms = float(np.sqrt(np.mean(res ** 2))) if len(res) else None
+        limit = 0.15 if f["kind"] == "acceptance" else 0.10
+        rows.append({"kind": f["kind"], "key": f["key"], "n_points": int(len(res)), "rmse_rel": rms,
+                     "max_abs_rel": float(np.max(np.abs(res))) if len(res) else None,
+                     "good": rms is not None and rms <= limit})
+    return {"fits": rows, "all_good": all(r["good"] for r in rows) if rows else False}
+
+
+def format_summary(fits: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for r in summary(fits)["fits"]:
+        rms = "-" if r["rmse_rel"] is None else f"{100 * r['rmse_rel']:.1f} %"
+        lines.append(f"{r['kind']:<10} {r['key']:<40} n={r['n_points']:<3} rms {rms:>7}  "
+                     f"{'ok' if r['good'] else 'POOR'}")
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""Calibration end to end: POST /v1/calibrations -> RQ on the real Redis -> `advisor worker` runs real vLLM
+probes -> measurements and fits stored -> a recommendation uses them. And a run that dies keeps what it measured.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+REDIS_URL = os.environ.get("SPECADVISOR_TEST_REDIS", "redis://127.0.0.1:6379/13")
+SMALL_PROBES = {  # seconds, not minutes: two batch sizes, two structures, two temperatures, short outputs
+    "hardware": "CPU-2core", "target_model": "smollm2-135m-instruct", "method": "ngram",
+    "num_speculative_tokens": 3, "structures": ["sql", "json"], "temperatures": [0.0, 0.8],
+    "batch_sizes": [1, 2, 4], "prompts_per_structure": 2, "max_tokens": 32,
+    "probes": ["timing", "acceptance", "memory"],
+    "engine": {"prompt_lengths": [64, 256], "decode_tokens": 8, "repeats": 1, "kv_cache_space_gib": 1,
+               "max_model_len": 1024},
+}
+
+
+def _service(tmp_path, redis_url: str):
+    from advisor import create_app
+    from advisor.auth import create_token
+
+    db_url = f"sqlite:///{tmp_path / 'calibration.db'}"
+    app = create_app({"SQLALCHEMY_DATABASE_URI": db_url, "REDIS_URL": redis_url, "TESTING": True,
+                      "INSTANCE_PATH": str(tmp_path / "instance"), "CALIBRATION_JOB_TIMEOUT_S": 900})
+    with app.app_context():
+        token = create_token("calibration-tests")
+    return app, app.test_client(), {"Authorization": f"Bearer {token}"}, db_url
+
+
+def _wait_final(client, run_id: int, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = client.get(f"/v1/calibrations/{run_id}").get_json()
+        if run["status"] in ("succeeded", "failed"):
+            return run
+        time.sleep(2)
+    raise AssertionError(f"calibration {run_id} still {run['status']} after {timeout_s} s: {run.get('message')}")
+
+
+def test_calibration_through_rq_worker_feeds_recommendations(smollm2_path, tmp_path):
+    from redis import Redis
+    from rq import Queue
+
+    hardware_queue = "CPU-2core"
+    app, client, auth, db_url = _service(tmp_path, REDIS_URL)
+    Queue("calibration-cpu-2core", connection=Redis.from_url(REDIS_URL)).empty()  # nothing stale from earlier runs
+
+    created = client.post("/v1/calibrations", json=SMALL_PROBES, headers=auth)
+    assert created.status_code == 202, created.get_json()
+    run = created.get_json()
+    assert run["status"] == "queued" and run["queue"] == "calibration-cpu-2core" and run["job_id"]
+    assert client.post("/v1/calibrations", json=SMALL_PROBES).status_code == 401
+
+    env = {**os.environ, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
+           "SPECADVISOR_INSTANCE": str(tmp_path / "instance")}
+    worker = subprocess.run([sys.executable, "-m", "advisor.cli", "worker", "--hardware", hardware_queue, "--burst"],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+
+    run = client.get(f"/v1/calibrations/{run['id']}").get_json()
+    assert run["status"] == "succeeded", (run["error"], worker.stderr[-3000:])
+    assert run["progress"] == 1.0 and run["environment"]["cpu_count"] >= 1
+    probes = {m["probe"] for m in run["measurements"]}
+    assert {"step_time", "prefill", "acceptance", "memory"} <= probes
+    memory = [m for m in run["measurements"] if m["probe"] == "memory"]
+    assert all(m["values"]["kv_cache_tokens"] > 0 for m in memory)
+    fits = {(f["kind"], f["key"]) for f in run["fits"]}
+    assert ("step_time", "smollm2-135m-instruct") in fits and ("prefill", "smollm2-135m-instruct") in fits
+    assert {("acceptance", "ngram||sql"), ("acceptance", "ngram||json")} <= fits
+
+    scenario = {"gpu": "CPU-2core", "target_model": "smollm2-135m-instruct",
+                "speculator": {"method": "ngram", "num_speculative_tokens": 3},
+                "workload": {"prompt_tokens": 200, "output_tokens": 64, "temperature": 0.0, "structure": "sql",
+                             "concurrency": 2}}
+    answer = client.post("/v1/recommendations", json=scenario).get_json()
+    assert answer["calibration_run_id"] == run["id"]
+    assert f"calibration:{run['id']}" in set(answer["provenance"].values())
+    assert answer["acceptance"]["source"].startswith("calibration")
+    report = client.get(f"/v1/calibrations/{run['id']}/report")
+    assert report.status_code == 200 and b"step_time" in report.data
+
+
+def test_a_run_that_dies_keeps_its_measurements(smollm2_path, tmp_path):
+    """No Redis: the job runs as a background process; the drafter cannot load, after timing was measured."""
+    app, client, auth, _ = _service(tmp_path, "")
+    request = {**SMALL_PROBES, "method": "draft_model", "draft_model": "smollm2-135m-instruct",
+               "draft_model_path": f"/nonexistent/{uuid.uuid4().hex}", "probes": ["timing", "acceptance"],
+               "batch_sizes": [1], "engine": {**SMALL_PROBES["engine"], "prompt_lengths": [64]}}
+    created = client.post("/v1/calibrations", json=request, headers=auth)
+    assert created.status_code == 202 and created.get_json()["job_id"].startswith("pid:")
+    run = _wait_final(client, created.get_json()["id"], timeout_s=400)
+    assert run["status"] == "failed"
+    assert "nonexistent" in run["error"] or "draft" in run["error"].lower()
+    assert any(m["probe"] == "step_time" for m in run["measurements"])  # what was measured is kept
+    assert run["fits"] == []
+
+
+def test_bad_calibration_requests_are_named(tmp_path):
+    app, client, auth, _ = _service(tmp_path, "")
+    for change, field in (({"hardware": "TPU-9"}, "hardware"), ({"target_model": "nope"}, "target_model"),
+                          ({"temperatures": [3.0]}, "temperatures.0"), ({"method": "magic"}, "method"),
+                          ({"batch_sizes": []}, "batch_sizes")):
+        response = client.post("/v1/calibrations", json={**SMALL_PROBES, **change}, headers=auth)
+        assert response.status_code == 422 and field in response.get_json()["error"]["fields"], (field, response.json)
