@@ -65,15 +65,38 @@ def per_position_rates(model: AcceptanceModel, temperature: float, k: int = MAX_
     return np.cumprod(conditional, axis=-1)
 
 
+def draft_fraction_at(model: AcceptanceModel, temperature: float) -> float:
+    """Fraction of decode steps that draft at ``temperature``: sigmoid(φ0 + φ1·T) for calibrated copy drafters
+    (``draft_fraction_logit`` set), else the constant ``draft_fraction``."""
+    if model.draft_fraction_logit is None:
+        return float(model.draft_fraction)
+    return float(sigmoid(np.asarray(model.draft_fraction_logit + model.draft_fraction_temperature_slope * temperature)))
+
+
 def sample_coefficients(model: AcceptanceModel, samples: int, rng: np.random.Generator) -> np.ndarray:
     """Draws of (a, b, c) from N(mean, covariance); row 0 is the mean (the point estimate)."""
+    return coefficients_from_normals(model, rng.standard_normal((samples, 3)))
+
+
+def coefficients_from_normals(model: AcceptanceModel, std_normal: np.ndarray) -> np.ndarray:
+    """sample_coefficients() given the standard-normal draws, shape (S, 3)."""
     mean = np.array([model.logit_intercept, model.logit_position_slope, model.logit_temperature_slope])
-    cov = np.asarray(model.covariance, dtype=float)
-    std_normal = rng.standard_normal((samples, 3))
-    chol = np.linalg.cholesky(cov + 1e-12 * np.eye(3))
-    draws = mean + std_normal @ chol.T
+    draws = mean + std_normal @ cholesky_factor(model.covariance, 1e-12).T
     draws[0] = mean
     return draws
+
+
+def cholesky_factor(covariance, jitter: float) -> np.ndarray:
+    """Lower Cholesky factor of covariance + jitter·I (read-only, cached per distinct covariance)."""
+    return _cholesky(tuple(tuple(float(x) for x in row) for row in covariance), jitter)
+
+
+@lru_cache(maxsize=1024)
+def _cholesky(covariance: tuple[tuple[float, ...], ...], jitter: float) -> np.ndarray:
+    cov = np.asarray(covariance, dtype=float)
+    chol = np.linalg.cholesky(cov + jitter * np.eye(cov.shape[0]))
+    chol.flags.writeable = False
+    return chol
 
 
 def model_from_input(given: AcceptanceInput, k_ref: int, method: str, structure: str,

@@ -4,11 +4,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import Any, Sequence
 
 import numpy as np
 
-from .acceptance import MAX_K, SEARCH_K, model_from_input, per_position_rates, sample_coefficients
+from .acceptance import MAX_K, SEARCH_K, coefficients_from_normals, model_from_input, per_position_rates
 from .checks import check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
 from .memory import MAX_NUM_SEQS, MemoryReport, memory_report
@@ -17,7 +18,7 @@ from .speculation import COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSa
 from .steptime import default_prefill_params, default_step_time_params, engine_profile, forward_cost, with_engine
 from .tco import best_operating_point, tco_report
 from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceModel,
-                    Calibration, CostModelError, GpuSpec, ModelSpec, PrefillParams, Scenario, StepTimeParams,
+                    Calibration, CostModelError, GpuSpec, ModelSpec, PrefillParams, Scenario, Slo, StepTimeParams,
                     acceptance_key)
 from .vllm_config import serve_flags, speculative_config
 
@@ -28,6 +29,8 @@ INTERVAL = (5.0, 95.0)  # percentiles of the speedup interval
 METHOD_DEFAULT_K = {"draft_model": 4, "eagle": 3, "eagle3": 3, "ngram": 4, "suffix": 4, "mtp": 1, "medusa": 4}
 PREFILL_SHARE_FLAG = 0.5  # flag prefill-dominated workloads above this share of request latency
 DYNAMIC_TABLE_MAX_BATCH = 512
+# TCO without a stated SLO: serve the load at the end-to-end latency the workload gets today without speculation.
+IMPLICIT_SLO_SOURCE = "default:baseline latency at the workload's concurrency"
 
 
 @dataclass
@@ -174,18 +177,63 @@ def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = No
                       s.workload.prompt_tokens, s.workload.output_tokens, width)
 
 
-def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarray, samples: int) -> Grid:
-    k_max = max(SEARCH_K, ctx.scenario.speculator.num_speculative_tokens or 1)
+def _k_max(ctx: Context) -> int:
+    return max(SEARCH_K, ctx.scenario.speculator.num_speculative_tokens or 1)
+
+
+@lru_cache(maxsize=8)
+def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The standard-normal draws of the seeded Monte Carlo (acceptance coefficients, then step-time parameters):
+    what sample_coefficients() and StepSamples.sample() draw from a fresh default_rng(MC_SEED), drawn once."""
+    rng = np.random.default_rng(MC_SEED)
+    z_acc, z_step = rng.standard_normal((samples, 3)), rng.standard_normal((samples, 3))
+    z_acc.flags.writeable = z_step.flags.writeable = False
+    return z_acc, z_step
+
+
+def _step_samples(params: StepTimeParams, samples: int) -> StepSamples:
+    """StepSamples.sample(params, samples, <the seeded rng after the acceptance draws>), cached per parameter set
+    (catalog defaults are shared by every scenario on a GPU class and engine)."""
+    cov = tuple(tuple(float(x) for x in row) for row in params.covariance) if params.covariance else None
+    return _cached_step_samples(params.bandwidth_efficiency, params.compute_efficiency, params.fixed_overhead_s,
+                                cov, samples)
+
+
+@lru_cache(maxsize=64)
+def _cached_step_samples(eta_bw: float, eta_f: float, fixed_s: float, cov: tuple | None, samples: int) -> StepSamples:
+    params = StepTimeParams(eta_bw, eta_f, fixed_s, [list(row) for row in cov] if cov else None)
+    step = StepSamples.from_normals(params, _mc_normals(samples)[1])
+    for a in (step.eta_bw, step.eta_f, step.fixed_s):
+        a.flags.writeable = False
+    return step
+
+
+def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarray, samples: int,
+          k: int | None = None, compared: tuple[tuple[CycleSetup, AcceptanceModel], ...] = ()) -> Grid:
+    """Point estimate over k = 1..k_max (samples == 1), or Monte Carlo draws (row 0 = point) at k alone if given.
+
+    The draws depend only on the seed, not on k: the row-0 values equal the point grid's.
+    ``compared``: other methods' (setup, acceptance), evaluated as rows 1.. of the point estimate.
+    """
+    k_max = _k_max(ctx)
+    ks = np.arange(1, k_max + 1) if k is None else np.array([k])
+    width = k_max if k is None else k  # r_i for i < k suffice; cumprod is a prefix scan, so values are unchanged
+    if samples == 1 and compared:  # point estimate of the scenario's method (row 0) and the compared methods
+        accs = (acc,) + tuple(a for _, a in compared)
+        coeffs = np.array([[a.logit_intercept, a.logit_position_slope, a.logit_temperature_slope] for a in accs])
+        r = per_position_rates(acc, ctx.scenario.workload.temperature, width, coeffs)  # row m from coeffs[m]
+        return evaluate_grid(setup, batch, ks, r, np.array([a.draft_fraction for a in accs]),
+                             StepSamples.point(ctx.target_step), drafters=(setup,) + tuple(c for c, _ in compared))
     if samples == 1:  # point estimate only
-        r = per_position_rates(acc, ctx.scenario.workload.temperature, k_max)[None, :]
+        r = per_position_rates(acc, ctx.scenario.workload.temperature, width)[None, :]
         step = StepSamples.point(ctx.target_step)
     else:
-        rng = np.random.default_rng(MC_SEED)
-        coeffs = sample_coefficients(acc, samples, rng)
-        r = per_position_rates(acc, ctx.scenario.workload.temperature, k_max, coeffs)
-        step = StepSamples.sample(ctx.target_step, samples, rng)
+        z_acc, z_step = _mc_normals(samples)
+        coeffs = coefficients_from_normals(acc, z_acc)
+        r = per_position_rates(acc, ctx.scenario.workload.temperature, width, coeffs)
+        step = _step_samples(ctx.target_step, samples)
     fraction = np.full(samples, acc.draft_fraction)
-    return evaluate_grid(setup, batch, np.arange(1, k_max + 1), r, fraction, step)
+    return evaluate_grid(setup, batch, ks, r, fraction, step)
 
 
 def _littles_law(batch: np.ndarray, latency_s: np.ndarray, rps: float, cap: float) -> tuple[float, bool]:
@@ -211,18 +259,12 @@ def percentiles(x: np.ndarray, q: tuple[float, ...]) -> np.ndarray:
     return s[lo] * (1 - w) + s[hi] * w
 
 
-def _interval(x: np.ndarray) -> tuple[float, float, float]:
-    lo, hi = percentiles(x, INTERVAL)
-    return float(x[0]), float(min(lo, x[0])), float(max(hi, x[0]))
-
-
-def _break_even(batch: np.ndarray, speedup: np.ndarray) -> float | None:
+def _break_even(batch: Sequence[float], speedup: Sequence[float]) -> float | None:
     """First concurrency where the fixed-k speedup falls below 1 (log-linear interpolation)."""
-    above = speedup >= 1.0
-    if not above[0]:
+    if not speedup[0] >= 1.0:
         return None
     for i in range(1, len(batch)):
-        if not above[i]:
+        if not speedup[i] >= 1.0:
             s0, s1 = speedup[i - 1], speedup[i]
             t = (s0 - 1.0) / (s0 - s1)
             return float(math.exp(math.log(batch[i - 1]) + t * (math.log(batch[i]) - math.log(batch[i - 1]))))
@@ -253,16 +295,15 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     setup = _setup(ctx)
     context_tokens = w.prompt_tokens + w.output_tokens
 
-    mem0 = memory_report(gpu, target, ctx.draft, 1, context_tokens, s.weights_dtype, s.gpu_count,
-                         s.gpu_memory_utilization, s.vram_gb, ctx.k_ref)
-    cap = float(max(min(mem0.max_concurrency_baseline, MAX_NUM_SEQS), 1))
-
     # Concurrency: given, or Little's law on a dense point-estimate grid.
     saturated = False
     if w.concurrency is not None:
         conc_base = conc_spec = float(w.concurrency)
         conc_source = "input"
     else:
+        mem0 = memory_report(gpu, target, ctx.draft, 1, context_tokens, s.weights_dtype, s.gpu_count,
+                             s.gpu_memory_utilization, s.vram_gb, ctx.k_ref)
+        cap = float(max(min(mem0.max_concurrency_baseline, MAX_NUM_SEQS), 1))
         dense = np.unique(np.geomspace(1, max(cap, 1.0), 40).round(3))
         g1 = _grid(ctx, setup, ctx.acceptance, dense, 1)
         lat_b = g1.latency_base_s[0, :, 0]
@@ -275,76 +316,103 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
         conc_source = "input:requests_per_second" if w.requests_per_second is not None else "default"
 
     batch = np.array(sorted(set(CURVE_CONCURRENCY) | {conc_base, conc_spec}), dtype=float)
-    grid = _grid(ctx, setup, ctx.acceptance, batch, samples)
     ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
+    # Point estimate over every k: row 0 the scenario's method, rows 1.. the compared methods.
+    compared = _compared(ctx) if compare_methods else ()
+    grid = _grid(ctx, setup, ctx.acceptance, batch, 1, compared=tuple((c.setup, c.acceptance) for c in compared))
 
     # k: given, or the best expected end-to-end speedup at the workload's concurrency.
-    sp_work = grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]  # (S, K)
-    k = s.speculator.num_speculative_tokens or int(np.argmax(sp_work[0]) + 1)
-    ki = k - 1
-    expected, low, high = _interval(sp_work[:, ki])
+    sp_point = grid.latency_base_s[0, ib, 0] / grid.latency_spec_s[0, isp, :]  # (K,)
+    k = s.speculator.num_speculative_tokens or int(np.argmax(sp_point) + 1)
+    # Monte Carlo draws (row 0 = the point estimate) at the chosen k only: the intervals are only asked there.
+    # One percentile pass: column 0 = the workload (baseline at its concurrency vs speculation at its own), then
+    # the curve's concurrencies.
+    mc = _grid(ctx, setup, ctx.acceptance, batch, samples, k)
+    curve_idx = [int(i) for i in np.searchsorted(batch, CURVE_CONCURRENCY)]
+    lb, ls = mc.latency_base_s[:, :, 0], mc.latency_spec_s[:, :, 0]
+    mc_sp = np.concatenate([(lb[:, ib] / ls[:, isp])[:, None], lb[:, curve_idx] / ls[:, curve_idx]], axis=1)
+    pct = percentiles(mc_sp, INTERVAL)  # (2, 1 + len(curve))
+    x0 = float(mc_sp[0, 0])
+    expected, low, high = x0, min(float(pct[0, 0]), x0), max(float(pct[1, 0]), x0)  # point, and the interval widened to contain it
 
     mem = memory_report(gpu, target, ctx.draft, conc_spec, context_tokens, s.weights_dtype, s.gpu_count,
                         s.gpu_memory_utilization, s.vram_gb, k)
-    answer = _assemble(ctx, grid, batch, ib, isp, k, (expected, low, high), mem, checks, conc_base, conc_spec,
-                       conc_source, saturated, compare_methods)
+    answer = _assemble(ctx, grid, pct[:, 1:], batch, ib, isp, curve_idx, k, (expected, low, high), mem, checks,
+                       conc_base, conc_spec, conc_source, saturated, compared)
     return Prediction(answer)
 
 
-def _assemble(ctx: Context, grid: Grid, batch: np.ndarray, ib: int, isp: int, k: int,
-              speedup: tuple[float, float, float], mem: MemoryReport, checks: list, conc_base: float,
-              conc_spec: float, conc_source: str, saturated: bool, compare_methods: bool) -> dict[str, Any]:
+def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray, ib: int, isp: int,
+              curve_idx: list[int], k: int, speedup: tuple[float, float, float], mem: MemoryReport, checks: list,
+              conc_base: float, conc_spec: float, conc_source: str, saturated: bool,
+              compared: tuple[Compared, ...]) -> dict[str, Any]:
+    """grid: point estimate over (1 + compared methods, nB, k_max); curve_pct: (2, len(CURVE_CONCURRENCY))
+    Monte Carlo percentiles of the speedup at the chosen k."""
     s, w = ctx.scenario, ctx.scenario.workload
     ki = k - 1
     expected, low, high = speedup
     o = w.output_tokens
     ms = 1e3
-    tpot_b, tpot_s = float(grid.tpot_base_s[0, ib, 0]) * ms, float(grid.tpot_spec_s[0, isp, ki]) * ms
+    # Point-estimate arrays as Python lists (one conversion each; indexing numpy scalars is slow).
+    lat_base = grid.latency_base_s[0, :, 0]  # (nB,)
+    lat_spec = grid.latency_spec_s[0]  # (nB, K)
+    sp = lat_base[:, None] / lat_spec  # (nB, K) == grid.speedup[0]
+    tpot_base_l = grid.tpot_base_s[0, :, 0].tolist()
+    tpot_spec_k = grid.tpot_spec_s[0, :, ki].tolist()
+    lat_base_l, lat_spec_k = lat_base.tolist(), lat_spec[:, ki].tolist()
+    step_base_l = grid.step_base_s[0, :, 0].tolist()
+    tpot_b, tpot_s = tpot_base_l[ib] * ms, tpot_spec_k[isp] * ms
     ttft_b, ttft_s = float(grid.ttft_base_s[0, 0, 0]) * ms, float(grid.ttft_spec_s[0, 0, 0]) * ms
     pre_b = ttft_b + float(grid.prefill_interleave_base_s[0, ib, 0]) * ms
     pre_s = ttft_s + float(grid.prefill_interleave_spec_s[0, isp, 0]) * ms
-    lat_b, lat_s = float(grid.latency_base_s[0, ib, 0]) * ms, float(grid.latency_spec_s[0, isp, ki]) * ms
+    lat_b, lat_s = lat_base_l[ib] * ms, lat_spec_k[isp] * ms
     thr_b = conc_base * o / (lat_b / ms)
     thr_s = conc_spec * o / (lat_s / ms)
     prefill_share = pre_b / lat_b
     al = float(grid.al[0, 0, ki])
-    r = per_position_rates(ctx.acceptance, w.temperature, k)
-    verify_ratio = float(grid.verify_s[0, isp, ki] / (grid.step_base_s[0, isp, 0] - s_fixed(ctx)))
-    draft_ratio = float(grid.draft_s[0, isp, ki] / max(k, 1) / grid.step_base_s[0, isp, 0])
+    r = grid.per_position[0, :k]  # == per_position_rates(ctx.acceptance, w.temperature, k) (prefix of the scan)
+    verify_isp, draft_isp = float(grid.verify_s[0, isp, ki]), float(grid.draft_s[0, isp, ki])
+    verify_ratio = verify_isp / (step_base_l[isp] - s_fixed(ctx))
+    draft_ratio = draft_isp / max(k, 1) / step_base_l[isp]
 
     # Curve over concurrency at the chosen k, plus the best k per point.
-    curve_idx = [int(np.searchsorted(batch, c)) for c in CURVE_CONCURRENCY]
-    sp_all = grid.speedup  # (S, nB, K)
+    sp_k = sp[:, ki].tolist()
+    best_k_all = (np.argmax(sp, axis=1) + 1).tolist()
+    sp_best_all = sp.max(axis=1).tolist()  # == sp[i, argmax]
+    lows, highs = curve_pct.tolist()
     curve, best_ks, best_gain, fixed_curve = [], [], [], []
-    lows, highs = percentiles(sp_all[:, curve_idx, ki], INTERVAL)
     for j, (c, i) in enumerate(zip(CURVE_CONCURRENCY, curve_idx)):
-        e = float(sp_all[0, i, ki])
-        lo, hi = min(float(lows[j]), e), max(float(highs[j]), e)
-        bk = int(np.argmax(sp_all[0, i]) + 1)
+        e = sp_k[i]
+        bk = best_k_all[i]
         best_ks.append(bk)
-        best_gain.append(float(sp_all[0, i, bk - 1]))
+        best_gain.append(sp_best_all[i])
         fixed_curve.append(e)
-        curve.append({"concurrency": c, "speedup": e, "low": lo, "high": hi, "best_k": bk,
-                      "speedup_best_k": float(sp_all[0, i, bk - 1]),
-                      "tpot_ms_baseline": float(grid.tpot_base_s[0, i, 0]) * ms,
-                      "tpot_ms_speculative": float(grid.tpot_spec_s[0, i, ki]) * ms,
+        curve.append({"concurrency": c, "speedup": e, "low": min(lows[j], e), "high": max(highs[j], e),
+                      "best_k": bk, "speedup_best_k": sp_best_all[i],
+                      "tpot_ms_baseline": tpot_base_l[i] * ms,
+                      "tpot_ms_speculative": tpot_spec_k[i] * ms,
                       "fits": c <= mem.max_concurrency_speculative})
     table = dynamic_table(list(CURVE_CONCURRENCY), best_ks, best_gain)
-    break_even = _break_even(np.array(CURVE_CONCURRENCY, dtype=float), np.array(fixed_curve))
+    break_even = _break_even(CURVE_CONCURRENCY, fixed_curve)
 
-    # TCO: baseline vs speculation with the dynamic table (k per band, off where it loses).
+    # TCO: baseline vs speculation with the dynamic table (k per band, off where it loses), each at its own best
+    # operating point: under the stated SLO on the curve's concurrencies, or — no SLO stated — at the baseline's
+    # end-to-end latency at the workload's concurrency (iso-latency; the workload's concurrency is a candidate).
     gpu_hour = s.gpu_hour_usd if s.gpu_hour_usd is not None else ctx.gpu.gpu_hour_usd
-    conc = np.array(CURVE_CONCURRENCY, dtype=float)
-    lat_curve_b = grid.latency_base_s[0, curve_idx, 0]
-    lat_curve_s = np.minimum(grid.latency_spec_s[0, curve_idx, :].min(axis=-1), lat_curve_b)
-    tpot_curve_b = grid.tpot_base_s[0, curve_idx, 0] * ms
-    tpot_curve_s = np.minimum(grid.tpot_spec_s[0, curve_idx, :].min(axis=-1) * ms, tpot_curve_b)
-    ttft_curve = np.full(len(conc), ttft_b)
+    if s.slo is not None:
+        slo, slo_source, idx = s.slo, "input", curve_idx
+    else:
+        slo, slo_source, idx = Slo(latency_ms=lat_b), IMPLICIT_SLO_SOURCE, list(range(len(batch)))
+    conc = batch[idx]
+    lat_curve_b = lat_base[idx]
+    lat_curve_s = np.minimum(lat_spec[idx].min(axis=-1), lat_curve_b)
+    tpot_curve_b = grid.tpot_base_s[0, idx, 0] * ms
+    tpot_curve_s = np.minimum(grid.tpot_spec_s[0, idx, :].min(axis=-1) * ms, tpot_curve_b)
     points = {
-        "baseline": best_operating_point(conc, conc * o / lat_curve_b, tpot_curve_b, lat_curve_b * ms, ttft_curve,
-                                         mem.max_concurrency_baseline, s.slo),
+        "baseline": best_operating_point(conc, conc * o / lat_curve_b, tpot_curve_b, lat_curve_b * ms,
+                                         np.full(len(conc), ttft_b), mem.max_concurrency_baseline, slo),
         "speculative": best_operating_point(conc, conc * o / lat_curve_s, tpot_curve_s, lat_curve_s * ms,
-                                            np.full(len(conc), ttft_s), mem.max_concurrency_speculative, s.slo),
+                                            np.full(len(conc), ttft_s), mem.max_concurrency_speculative, slo),
     }
     load_tok_s = None
     if s.load is not None:
@@ -353,7 +421,8 @@ def _assemble(ctx: Context, grid: Grid, batch: np.ndarray, ib: int, isp: int, k:
     elif w.requests_per_second is not None:
         load_tok_s = w.requests_per_second * o
     tco = tco_report(gpu_hour, s.gpu_count, s.hours_per_month, {"baseline": thr_b, "speculative": thr_s},
-                     points, load_tok_s).to_dict()
+                     points, load_tok_s, {"tpot_ms": slo.tpot_ms, "ttft_ms": slo.ttft_ms, "latency_ms": slo.latency_ms,
+                                         "source": slo_source}).to_dict()
     tco["gpu_hour_usd_date"] = ctx.gpu.gpu_hour_usd_date if s.gpu_hour_usd is None else None
 
     # Decision.
@@ -364,7 +433,7 @@ def _assemble(ctx: Context, grid: Grid, batch: np.ndarray, ib: int, isp: int, k:
     reasons += _reasons(ctx, k, al, expected, low, high, prefill_share, verify_ratio, draft_ratio, conc_spec, mem,
                         break_even, saturated, checks)
 
-    methods = _compare_methods(ctx, conc_base, conc_spec) if compare_methods else []
+    methods = _compare_methods(ctx, grid, ib, isp, compared) if compared else []
     vcfg = speculative_config(s.speculator.method, k, ctx.draft if ctx.draft_source.startswith("catalog") else None,
                               table)
     acc_source = ctx.acceptance_source
@@ -389,7 +458,7 @@ def _assemble(ctx: Context, grid: Grid, batch: np.ndarray, ib: int, isp: int, k:
         "acceptance": {"mean_acceptance_length": al, "per_position": [float(x) for x in r],
                        "acceptance_rate": float((al - 1.0) / k), "draft_fraction": ctx.acceptance.draft_fraction,
                        "temperature": w.temperature, "source": acc_source},
-        "memory": {**{k_: v for k_, v in mem.to_dict().items()},
+        "memory": {**mem.to_dict(),
                    "kv_space_gb": mem.kv_space_gb, "fits": mem.fits},
         "curve": curve,
         "break_even_concurrency": break_even,
@@ -456,26 +525,46 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
     return out
 
 
-def _compare_methods(ctx: Context, conc_base: float, conc_spec: float) -> list[dict[str, Any]]:
-    s = ctx.scenario
-    method = s.speculator.method
-    candidates: list[tuple[str, ModelSpec | None, str]] = [(method, ctx.draft, ctx.draft_source)]
+@dataclass(frozen=True)
+class Compared:
+    method: str
+    drafter: ModelSpec | None
+    setup: CycleSetup
+    acceptance: AcceptanceModel
+
+
+@lru_cache(maxsize=256)
+def _compared_drafter(target: ModelSpec, method: str, structure: str) -> tuple[ModelSpec | None, AcceptanceModel]:
+    """A compared method's generic drafter (synthesized head, or none) and its prior (pure: cached per target)."""
+    head = None if method in COPY_DRAFTERS else synthesized_head(target, f"{method}_head")
+    return head, prior_acceptance(method, structure, target, head)
+
+
+def _compared(ctx: Context) -> tuple[Compared, ...]:
+    """The methods compared with the scenario's: generic n-gram, suffix, EAGLE-3, EAGLE (method, setup, prior)."""
+    out = []
     for m in ("ngram", "suffix", "eagle3", "eagle"):
-        if m != method:
-            head = None if m in COPY_DRAFTERS else synthesized_head(ctx.target, f"{m}_head")
-            candidates.append((m, head, "default:synthesized head" if head is not None else "none"))
-    batch = np.array(sorted({conc_base, conc_spec}), dtype=float)
-    ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
+        if m != ctx.scenario.speculator.method:
+            head, acc = _compared_drafter(ctx.target, m, ctx.scenario.workload.structure)
+            out.append(Compared(m, head, _setup(ctx, m, head), acc))
+    return tuple(out)
+
+
+def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
+                     compared: tuple[Compared, ...]) -> list[dict[str, Any]]:
+    """The scenario's method (grid row 0) against the compared methods (rows 1..), at the workload's concurrency."""
+    sp_all = (grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]).tolist()  # (1 + M, K)
+    al_all = grid.al[:, 0, :].tolist()
+    candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source)]
+    for c in compared:
+        candidates.append((c.method, c.drafter, "default:synthesized head" if c.drafter is not None else "none",
+                           c.acceptance.source.split(";")[0]))
     rows = []
-    for m, d, src in candidates:
-        acc = ctx.acceptance if m == method else prior_acceptance(m, s.workload.structure, ctx.target, d)
-        g = _grid(ctx, _setup(ctx, m, d), acc, batch, 1)
-        sp = g.latency_base_s[0, ib, 0] / g.latency_spec_s[0, isp, :]
+    for (m, d, src, acc_source), sp, al in zip(candidates, sp_all, al_all):
         best = int(np.argmax(sp)) + 1
         rows.append({"method": m, "drafter": d.name if d is not None else None, "drafter_source": src,
-                     "num_speculative_tokens": best, "expected_speedup": float(sp[best - 1]),
-                     "mean_acceptance_length": float(g.al[0, 0, best - 1]),
-                     "acceptance_source": ctx.acceptance_source if m == method else acc.source.split(";")[0]})
+                     "num_speculative_tokens": best, "expected_speedup": sp[best - 1],
+                     "mean_acceptance_length": al[best - 1], "acceptance_source": acc_source})
     rows.sort(key=lambda r: -r["expected_speedup"])
     return rows
 
@@ -492,7 +581,10 @@ def _provenance(ctx: Context, answer: dict[str, Any], acc_source: str, conc_sour
     def put(path: str, value: Any, source: str) -> None:
         if isinstance(value, dict):
             for key, v in value.items():
-                put(f"{path}.{key}", v, source)
+                if isinstance(v, (dict, list)):
+                    put(f"{path}.{key}", v, source)
+                else:  # a leaf (inlined: most values are)
+                    prov[f"{path}.{key}"] = source
         elif isinstance(value, list) and value and isinstance(value[0], dict):
             put(f"{path}[*]", value[0], source)  # one entry per column of a table
         else:

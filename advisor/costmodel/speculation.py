@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .acceptance import cholesky_factor
 from .memory import EMBEDDING_BYTES_PER_PARAM
 from .steptime import ForwardCost, forward_time_s, prefill_compute_s, prefill_time_s
 from .types import PrefillParams, StepTimeParams
@@ -23,6 +24,7 @@ COPY_DRAFTERS = ("ngram", "suffix")
 # suffix trees (Arctic Inference) ~30 µs per lookup+update).
 COPY_PROPOSER_S_PER_SEQ = {"ngram": 1.0e-5, "suffix": 3.0e-5}
 MEDUSA_HEADS = 5  # Medusa-1 vicuna checkpoints ship 5 heads (Cai et al. 2024)
+ZERO_COV = ((0.0, 0.0, 0.0),) * 3
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,17 @@ class StepSamples:
 
     @staticmethod
     def sample(params: StepTimeParams, samples: int, rng: np.random.Generator) -> StepSamples:
+        return StepSamples.from_normals(params, rng.standard_normal((samples, 3)))
+
+    @staticmethod
+    def from_normals(params: StepTimeParams, std_normal: np.ndarray) -> StepSamples:
+        """sample() given the standard-normal draws, shape (S, 3)."""
         mean = np.array([params.bandwidth_efficiency, params.compute_efficiency, params.fixed_overhead_s])
-        cov = np.asarray(params.covariance if params.covariance else np.zeros((3, 3)), dtype=float)
-        draws = mean + rng.standard_normal((samples, 3)) @ np.linalg.cholesky(cov + 1e-18 * np.eye(3)).T
+        draws = mean + std_normal @ cholesky_factor(params.covariance or ZERO_COV, 1e-18).T
         draws[0] = mean
-        draws[:, 0] = np.clip(draws[:, 0], 0.05, 1.0)
-        draws[:, 1] = np.clip(draws[:, 1], 0.05, 1.0)
-        draws[:, 2] = np.clip(draws[:, 2], 0.0, None)
-        shape = (samples, 1, 1)
+        np.minimum(np.maximum(draws[:, :2], 0.05, out=draws[:, :2]), 1.0, out=draws[:, :2])  # == np.clip
+        np.maximum(draws[:, 2], 0.0, out=draws[:, 2])
+        shape = (std_normal.shape[0], 1, 1)
         return StepSamples(draws[:, 0].reshape(shape), draws[:, 1].reshape(shape), draws[:, 2].reshape(shape))
 
 
@@ -89,6 +94,7 @@ class Grid:
     prefill_interleave_spec_s: np.ndarray  # (S, nB, 1)
     latency_base_s: np.ndarray  # (S, nB, 1)
     latency_spec_s: np.ndarray  # (S, nB, nK)
+    per_position: np.ndarray | None = None  # (S, K_max) the r_i the grid was evaluated with
 
     @property
     def speedup(self) -> np.ndarray:
@@ -116,42 +122,78 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
     return batch * per_seq + 0.0 * ks * draft_fraction
 
 
+def _rows(x, rows: int) -> np.ndarray:
+    x = np.asarray(x)
+    return x if x.shape == (rows, 1, 1) else np.broadcast_to(x, (rows, 1, 1))
+
+
+def _spec_prefill(setup: CycleSetup, ttft_base, inter_base, b: np.ndarray, samples: StepSamples):
+    """Own TTFT and the others' interleaved prefills with speculation: a drafter model prefills the prompt too."""
+    if setup.method in MODEL_DRAFTERS and setup.draft is not None:
+        p = setup.prompt_tokens
+        ttft_spec = ttft_base + prefill_time_s(setup.draft, setup.draft_prefill, setup.draft_step, p) \
+            - setup.draft_prefill.fixed_overhead_s  # same engine step: one fixed overhead
+        inter_spec = inter_base + (b - 1.0) * prefill_compute_s(setup.draft, p, samples.eta_f)
+        return ttft_spec, inter_spec
+    return ttft_base, inter_base
+
+
 def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_position: np.ndarray,
-                  draft_fraction: np.ndarray, samples: StepSamples) -> Grid:
-    """per_position: (S, K_max) r_i samples; draft_fraction: (S,) fraction of steps that draft."""
-    b = np.asarray(batch, dtype=float).reshape(1, -1, 1)
+                  draft_fraction: np.ndarray, samples: StepSamples,
+                  drafters: tuple[CycleSetup, ...] | None = None) -> Grid:
+    """per_position: (S, K_max) r_i samples; draft_fraction: (S,) fraction of steps that draft.
+
+    ``drafters`` (methods compared side by side): one CycleSetup per row of ``per_position``, all on ``setup``'s
+    target, prompt and output; row i then uses drafters[i]'s method, drafter and tree width (``samples`` must be a
+    point estimate). Each row gives exactly what a separate call with ``setup=drafters[i]`` would give.
+    """
+    batch = np.asarray(batch, dtype=float)
+    nb, nk = batch.shape[0], len(ks)
+    b = batch.reshape(1, -1, 1)
     k = np.asarray(ks, dtype=float).reshape(1, 1, -1)
     f = np.asarray(draft_fraction, dtype=float).reshape(-1, 1, 1)
+    rows = per_position.shape[0]
     ctx = setup.decode_context_tokens
     ts = setup.target_step
-    cum = np.concatenate([np.zeros((per_position.shape[0], 1)), np.cumsum(per_position, axis=1)], axis=1)
+    cum = np.zeros((rows, per_position.shape[1] + 1))  # Σ_{i<j} r_i for j = 0..K_max
+    np.cumsum(per_position, axis=1, out=cum[:, 1:])
     al = 1.0 + f * cum[:, np.asarray(ks, dtype=int)][:, None, :]  # AL(k) = 1 + f·Σ_{i<k} r_i
 
-    base_fwd = forward_time_s(setup.target, ts, b, 1, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
-    step_base = samples.fixed_s + base_fwd
-    verify = ts.verify_overhead_s + forward_time_s(setup.target, ts, b, 1.0 + f * k * setup.tree_width, ctx,
-                                                   eta_bw=samples.eta_bw, eta_f=samples.eta_f)
-    draft = drafter_time_s(setup, b, k, ctx, samples, f)
-    cycle = samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s
-    tpot_base = step_base
-    tpot_spec = cycle / al
-
+    if drafters is None:
+        width = setup.tree_width
+    else:
+        if len(drafters) != rows:
+            raise ValueError("one drafter setup per row of per_position")
+        width = np.array([d.tree_width for d in drafters]).reshape(-1, 1, 1)
+    # One target forward pass over q = 1 (decode) and q = 1 + f·k·w (verify, per k): shape (rows, nB, 1 + nK).
+    q = np.empty((rows, 1, 1 + nk))
+    q[:, :, 0] = 1.0
+    np.add(1.0, f * k * width, out=q[:, :, 1:])
+    fwd = forward_time_s(setup.target, ts, b, q, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
+    step_base = samples.fixed_s + fwd[:, :, :1]
     # Prefill: own TTFT, plus the others' prompts interleaved into this request's decode (compute only).
     p = setup.prompt_tokens
     prefill_eta_f = setup.target_prefill.compute_efficiency * samples.eta_f / ts.compute_efficiency
     ttft_base = prefill_time_s(setup.target, setup.target_prefill, ts, p, eta_f=prefill_eta_f)
     inter_base = (b - 1.0) * prefill_compute_s(setup.target, p, samples.eta_f)
-    ttft_spec, inter_spec = ttft_base, inter_base
-    if setup.method in MODEL_DRAFTERS and setup.draft is not None:
-        ttft_spec = ttft_base + prefill_time_s(setup.draft, setup.draft_prefill, setup.draft_step, p) \
-            - setup.draft_prefill.fixed_overhead_s  # same engine step: one fixed overhead
-        inter_spec = inter_base + (b - 1.0) * prefill_compute_s(setup.draft, p, samples.eta_f)
+    if drafters is None:
+        draft = drafter_time_s(setup, b, k, ctx, samples, f)
+        ttft_spec, inter_spec = _spec_prefill(setup, ttft_base, inter_base, b, samples)
+    else:  # one row per method: the drafter terms row by row, the target terms vectorised over rows
+        draft, ttft_spec, inter_spec = np.empty((rows, nb, nk)), np.empty((rows, 1, 1)), np.empty((rows, nb, 1))
+        for i, d in enumerate(drafters):  # row assignment broadcasts each row's (1, ·, ·) result
+            draft[i] = drafter_time_s(d, b, k, ctx, samples, f[i:i + 1])[0]
+            ttft_spec[i], inter_spec[i] = _spec_prefill(d, ttft_base, inter_base, b, samples)
+    verify = ts.verify_overhead_s + fwd[:, :, 1:]
+    cycle = samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s
+    tpot_base = step_base
+    tpot_spec = cycle / al
+
     o = setup.output_tokens
     latency_base = ttft_base + inter_base + o * tpot_base
     latency_spec = ttft_spec + inter_spec + o * tpot_spec
-    return Grid(batch=np.asarray(batch, dtype=float), ks=np.asarray(ks), al=al, step_base_s=step_base,
+    return Grid(batch=batch, ks=np.asarray(ks), al=al, step_base_s=step_base,
                 cycle_s=cycle, verify_s=verify, draft_s=draft, tpot_base_s=tpot_base, tpot_spec_s=tpot_spec,
-                ttft_base_s=np.broadcast_to(ttft_base, (per_position.shape[0], 1, 1)),
-                ttft_spec_s=np.broadcast_to(ttft_spec, (per_position.shape[0], 1, 1)),
+                ttft_base_s=_rows(ttft_base, rows), ttft_spec_s=_rows(ttft_spec, rows),
                 prefill_interleave_base_s=inter_base, prefill_interleave_spec_s=inter_spec,
-                latency_base_s=latency_base, latency_spec_s=latency_spec)
+                latency_base_s=latency_base, latency_spec_s=latency_spec, per_position=per_position)

@@ -48,11 +48,17 @@ def best_operating_point(concurrency: np.ndarray, throughput_tok_s: np.ndarray, 
                           float(latency_ms[idx]))
 
 
+# A replica short of the load by less than this fraction counts as serving it: the workload's concurrency from an
+# arrival rate is a Little's-law fixed point solved to 1e-4 sequences, so the throughput there matches
+# requests/s × output tokens only to ~1e-5 (and the model itself is good to ~10 %).
+REPLICA_TOLERANCE = 1e-3
+
+
 def gpus_needed(load_tok_s: float, per_replica_tok_s: float, gpu_count: int) -> int:
     """Replicas = ⌈load / replica throughput⌉; each replica holds gpu_count GPUs (tensor parallel)."""
     if per_replica_tok_s <= 0:
         return 0
-    return int(math.ceil(load_tok_s / per_replica_tok_s - 1e-9)) * gpu_count
+    return int(math.ceil(load_tok_s / per_replica_tok_s - REPLICA_TOLERANCE)) * gpu_count
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class TcoReport:
     monthly_usd: dict[str, float | None]
     monthly_savings_usd: float | None
     savings_fraction: float | None
+    slo: dict[str, Any] | None = None  # the SLO the operating points meet, and where it came from
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # values are already JSON-able
@@ -73,7 +80,7 @@ class TcoReport:
 
 def tco_report(gpu_hour_usd: float, gpu_count: int, hours_per_month: float,
                throughput_at_workload: dict[str, float], points: dict[str, OperatingPoint | None],
-               load_tok_s: float | None) -> TcoReport:
+               load_tok_s: float | None, slo: dict[str, Any] | None = None) -> TcoReport:
     """Cost at the workload's concurrency, and the fleet for a stated load at the best SLO-meeting point."""
     per_m = {mode: _finite(usd_per_million_tokens(gpu_hour_usd, gpu_count, tp))
              for mode, tp in throughput_at_workload.items()}
@@ -93,7 +100,8 @@ def tco_report(gpu_hour_usd: float, gpu_count: int, hours_per_month: float,
     return TcoReport(gpu_hour_usd=gpu_hour_usd, hours_per_month=hours_per_month, load_output_tokens_per_second=load_tok_s,
                      usd_per_million_output_tokens=per_m,
                      operating_point={m: (p.to_dict() if p else None) for m, p in points.items()},
-                     gpus_needed=gpus, monthly_usd=monthly, monthly_savings_usd=savings, savings_fraction=fraction)
+                     gpus_needed=gpus, monthly_usd=monthly, monthly_savings_usd=savings, savings_fraction=fraction,
+                     slo=slo)
 
 
 def _finite(x: float) -> float | None:

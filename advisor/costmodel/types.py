@@ -189,7 +189,8 @@ class PrefillParams:
 class AcceptanceModel:
     """Per-position conditional acceptance c_i(T) = sigmoid(a + b*i + c*T); r_i = prod_{j<=i} c_j.
 
-    ``draft_fraction`` is the fraction of steps that drafted at all (n-gram / suffix find no match otherwise).
+    ``draft_fraction`` is the fraction of steps that drafted at all (n-gram / suffix find no match otherwise);
+    calibrations may make it temperature-dependent (``draft_fraction_at`` in acceptance.py).
     ``covariance`` is over (a, b, c).
     """
 
@@ -203,6 +204,10 @@ class AcceptanceModel:
     temperature_range: tuple[float, float] = (0.0, 2.0)
     draft_fraction: float = 1.0
     source: str = "default"
+    # Calibrated copy drafters: the drafting fraction falls with temperature (sampled text copies the prompt less):
+    # f(T) = sigmoid(draft_fraction_logit + draft_fraction_temperature_slope·T); None = the constant draft_fraction.
+    draft_fraction_logit: float | None = None
+    draft_fraction_temperature_slope: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
