@@ -82,7 +82,7 @@ def step_time(queries: str) -> None:
         try:
             gpu = catalog.gpu_spec(catalog.require_gpu(q["gpu"]))
             model = catalog.model_spec(catalog.require_model(q["model"], "model"))
-            calibration = calibrations.calibration_for(gpu.name, model.name, "ngram", None)
+            calibration = calibrations.calibration_for(gpu.name, model.name)
             params = calibration.step_time.get(model.name) if calibration else None
             seconds = costmodel.step_time_s(gpu, model, int(q["batch"]), int(q["query_tokens"]),
                                             int(q["context_tokens"]), weights_dtype=q.get("weights_dtype", "bf16"),

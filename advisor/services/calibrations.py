@@ -119,9 +119,11 @@ def record(run: CalibrationRun, update: dict[str, Any]) -> CalibrationRun:
     return run
 
 
-def calibration_for(hardware: str, target: str, method: str,
-                    draft: costmodel.ModelSpec | None) -> costmodel.Calibration | None:
-    """The newest succeeded run on this hardware for this target, as the cost model's Calibration."""
+def calibration_for(hardware: str, target: str) -> costmodel.Calibration | None:
+    """The newest succeeded run on this hardware for this target, as the cost model's Calibration.
+
+    The cost model takes from it what applies: step-time fits of the models it times, acceptance fits
+    keyed by (method, drafter, structure)."""
     run = db.session.scalar(
         select(CalibrationRun)
         .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,

@@ -45,7 +45,7 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     for issue in costmodel.check_draft(target, draft, scenario.speculator.method):
         if issue.severity == "error":
             raise field_error(issue.field, issue.message)
-    calibration = calibrations.calibration_for(gpu.name, target.name, scenario.speculator.method, draft)
+    calibration = calibrations.calibration_for(gpu.name, target.name)
     sources = {gpu.name: gpu_row.source, target.name: target_row.source}
     if draft_row is not None:
         sources[draft_row.name] = draft_row.source
