@@ -111,3 +111,35 @@ def test_bad_calibration_requests_are_named(tmp_path):
                           ({"batch_sizes": []}, "batch_sizes")):
         response = client.post("/v1/calibrations", json={**SMALL_PROBES, **change}, headers=auth)
         assert response.status_code == 422 and field in response.get_json()["error"]["fields"], (field, response.json)
+
+
+def test_advisor_calibrate_uploads_to_a_remote_service(smollm2_path, tmp_path):
+    """`advisor calibrate --server URL --token T` on a node: probes here, measurements and fits over HTTP."""
+    import threading
+
+    from werkzeug.serving import make_server
+
+    app, client, auth, _ = _service(tmp_path, "")
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "advisor.cli", "calibrate", "--hardware", "CPU-2core",
+             "--target-model", "smollm2-135m-instruct", "--method", "ngram", "-k", "2",
+             "--structures", "code", "--temperatures", "0", "--prompts-per-structure", "2", "--max-tokens", "24",
+             "--probes", "acceptance", "--engine", "kv_cache_space_gib=1", "--engine", "max_model_len=1024",
+             "--server", url, "--token", auth["Authorization"].split()[1]],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "SPECADVISOR_INSTANCE": str(tmp_path / "node")})
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run] = client.get("/v1/calibrations").get_json()
+    assert f"calibration run {run['id']}: succeeded" in result.stdout
+    run = client.get(f"/v1/calibrations/{run['id']}").get_json()
+    assert run["status"] == "succeeded" and run["queue"] is None  # nothing was queued: the node ran it
+    [acceptance] = [m for m in run["measurements"] if m["probe"] == "acceptance"]
+    assert acceptance["values"]["structure"] == "code" and acceptance["values"]["num_drafts"] > 0
+    assert [f["key"] for f in run["fits"]] == ["ngram||code"]
