@@ -21,10 +21,10 @@ def decide(d: DecisionInput, threshold: float = GO_THRESHOLD) -> tuple[str, list
         return "no-go", list(d.blocking_errors)
     if not d.fits:
         return "no-go", ["draft + KV exceed VRAM at this concurrency"]
+    if d.outside_calibration:  # design.md §3: beyond what was measured the model extrapolates; measure first
+        return "calibrate", [f"outside calibrated range: {r}" for r in d.outside_calibration]
     if d.speedup_high < threshold:
         return "no-go", [f"speedup upper bound {d.speedup_high:.2f}× below {threshold:.2f}×"]
-    if d.outside_calibration:
-        return "calibrate", [f"outside calibrated range: {r}" for r in d.outside_calibration]
     if d.speedup_low >= threshold:
         return "go", [f"speedup lower bound {d.speedup_low:.2f}× clears {threshold:.2f}×"]
     return "calibrate", [f"speedup interval {d.speedup_low:.2f}–{d.speedup_high:.2f}× straddles {threshold:.2f}×"]

@@ -60,6 +60,13 @@ def test_calibration_through_rq_worker_feeds_recommendations(smollm2_path, tmp_p
     assert run["status"] == "queued" and run["queue"] == "calibration-cpu-2core" and run["job_id"]
     assert client.post("/v1/calibrations", json=SMALL_PROBES).status_code == 401
 
+    scenario = {"gpu": "CPU-2core", "target_model": "smollm2-135m-instruct",
+                "speculator": {"method": "ngram", "num_speculative_tokens": 3},
+                "workload": {"prompt_tokens": 200, "output_tokens": 64, "temperature": 0.0, "structure": "sql",
+                             "concurrency": 2}}
+    uncalibrated = client.post("/v1/recommendations", json=scenario).get_json()
+    assert uncalibrated["calibration_run_id"] is None
+
     env = {**os.environ, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
            "SPECADVISOR_INSTANCE": str(tmp_path / "instance")}
     worker = subprocess.run([sys.executable, "-m", "advisor.cli", "worker", "--hardware", hardware_queue, "--burst"],
@@ -77,14 +84,14 @@ def test_calibration_through_rq_worker_feeds_recommendations(smollm2_path, tmp_p
     assert ("step_time", "smollm2-135m-instruct") in fits and ("prefill", "smollm2-135m-instruct") in fits
     assert {("acceptance", "ngram||sql"), ("acceptance", "ngram||json")} <= fits
 
-    scenario = {"gpu": "CPU-2core", "target_model": "smollm2-135m-instruct",
-                "speculator": {"method": "ngram", "num_speculative_tokens": 3},
-                "workload": {"prompt_tokens": 200, "output_tokens": 64, "temperature": 0.0, "structure": "sql",
-                             "concurrency": 2}}
     answer = client.post("/v1/recommendations", json=scenario).get_json()
     assert answer["calibration_run_id"] == run["id"]
     assert f"calibration:{run['id']}" in set(answer["provenance"].values())
     assert answer["acceptance"]["source"].startswith("calibration")
+    width = answer["speedup"]["high"] - answer["speedup"]["low"]
+    assert width < uncalibrated["speedup"]["high"] - uncalibrated["speedup"]["low"]  # the fit narrows it
+    beyond = {**scenario, "workload": {**scenario["workload"], "concurrency": 64}}  # probes went to batch 4
+    assert client.post("/v1/recommendations", json=beyond).get_json()["decision"] == "calibrate"
     report = client.get(f"/v1/calibrations/{run['id']}/report")
     assert report.status_code == 200 and b"step_time" in report.data
 
