@@ -83,8 +83,52 @@ def handle_http_exception(error: HTTPException):
     return envelope(error.code or 500, message)
 
 
+def unstorable(text: str) -> bool:
+    """NUL (0x00), which PostgreSQL text cannot hold, or a lone surrogate, which is not UTF-8 (JSON allows both)."""
+    if "\x00" in text:
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def find_unstorable(data: Any, prefix: str = "") -> str | None:
+    """The path of the first string (or key) that no database can store as text, else None."""
+    if isinstance(data, str):
+        return prefix or "_schema" if unstorable(data) else None
+    if isinstance(data, dict):
+        for key, value in data.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if unstorable(str(key)):
+                return path
+            found = find_unstorable(value, path)
+            if found:
+                return found
+    if isinstance(data, (list, tuple)):
+        for index, value in enumerate(data):
+            found = find_unstorable(value, f"{prefix}.{index}" if prefix else str(index))
+            if found:
+                return found
+    return None
+
+
+def reject_unstorable_strings() -> None:
+    """A client string holding NUL or a lone surrogate is a 422 naming where it is, on every backend."""
+    from flask import request
+
+    pairs = [*request.args.items(multi=True), *request.form.items(multi=True)]  # repeated keys: every value
+    for data in (request.view_args or {}, *({key: value} for key, value in pairs),
+                 request.get_json(silent=True) if request.is_json else None):
+        field = find_unstorable(data)
+        if field:
+            raise field_error(field, "must be valid UTF-8 text without NUL (0x00) characters.")
+
+
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(HTTPException, handle_http_exception)
+    app.before_request(reject_unstorable_strings)
 
     @app.errorhandler(ApiError)
     def _api_error(error: ApiError):

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 
 from .. import costmodel
-from ..errors import ApiError, field_error
+from ..errors import ApiError, field_error, find_unstorable
 from ..extensions import db
 from ..models import Gpu, Model
 
@@ -107,6 +107,9 @@ def model_from_hf_config(raw: bytes, form: dict[str, Any]) -> dict[str, Any]:
         raise field_error("config", f"Not a JSON file: {exc}.") from None
     if not isinstance(config, dict):
         raise field_error("config", "config.json must hold a JSON object.")
+    bad = find_unstorable(config)
+    if bad:
+        raise field_error("config", f"'{bad}' is not valid UTF-8 text or holds a NUL (0x00) character.")
     config = {**config, **(config.get("text_config") or {})}  # multimodal wrappers keep the LM inside
 
     def need(*keys: str) -> int:

@@ -97,3 +97,19 @@ def test_nothing_is_stored_for_a_rejected_request(client):
 def test_unknown_route_and_method_use_the_envelope(client):
     assert client.get("/v1/nope").get_json()["error"]["status"] == 404
     assert client.delete("/v1/recommendations").get_json()["error"]["status"] == 405
+
+
+@pytest.mark.parametrize("method,url,body,field", [
+    ("post", "/v1/recommendations", {"gpu": "H100\u0000"}, "gpu"),
+    ("post", "/v1/recommendations", {"workload": {"structure": "sql\u0000"}}, "workload.structure"),
+    ("get", "/v1/gpus/a%00b", None, "name"),
+    ("get", "/v1/recommendations?gpu=a%00b", None, "gpu"),
+    ("post", "/v1/gpus", {"vendor": "acme\u0000"}, "vendor"),
+    ("post", "/v1/recommendations", {"target_model": "\ud800"}, "target_model"),  # a lone surrogate
+    ("put", "/v1/gpus/H100-SXM", {"vendor": "\udfff"}, "vendor"),
+])
+def test_unstorable_text_is_a_422_not_a_database_error(client, auth, method, url, body, field):
+    """PostgreSQL text cannot hold NUL, and no database takes a lone surrogate: both backends answer the same."""
+    response = getattr(client, method)(url, json=body, headers=auth)
+    assert response.status_code == 422, response.get_json()
+    assert field in response.get_json()["error"]["fields"]
