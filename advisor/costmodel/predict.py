@@ -9,7 +9,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .acceptance import MAX_K, SEARCH_K, coefficients_from_normals, model_from_input, per_position_rates
+from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fraction_at, model_from_input,
+                         per_position_rates)
 from .checks import check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
 from .memory import MAX_NUM_SEQS, MemoryReport, memory_report
@@ -174,7 +175,7 @@ def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = No
     if tree:
         width = max((tree - 1) / ctx.k_ref, 1.0)
     return CycleSetup(method, tc, dc, ctx.target_step, ctx.draft_step, ctx.target_prefill, ctx.draft_prefill,
-                      s.workload.prompt_tokens, s.workload.output_tokens, width)
+                      s.workload.prompt_tokens, s.workload.output_tokens, width, temperature=s.workload.temperature)
 
 
 def _k_max(ctx: Context) -> int:
@@ -232,7 +233,7 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         coeffs = coefficients_from_normals(acc, z_acc)
         r = per_position_rates(acc, ctx.scenario.workload.temperature, width, coeffs)
         step = _step_samples(ctx.target_step, samples)
-    fraction = np.full(samples, acc.draft_fraction)
+    fraction = np.full(samples, draft_fraction_at(acc, ctx.scenario.workload.temperature))
     return evaluate_grid(setup, batch, ks, r, fraction, step)
 
 
@@ -456,7 +457,8 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
                     "verify": float(grid.verify_s[0, isp, ki]) * ms, "draft": float(grid.draft_s[0, isp, ki]) * ms,
                     "verify_to_decode_ratio": verify_ratio},
         "acceptance": {"mean_acceptance_length": al, "per_position": [float(x) for x in r],
-                       "acceptance_rate": float((al - 1.0) / k), "draft_fraction": ctx.acceptance.draft_fraction,
+                       "acceptance_rate": float((al - 1.0) / k),
+                       "draft_fraction": draft_fraction_at(ctx.acceptance, w.temperature),
                        "temperature": w.temperature, "source": acc_source},
         "memory": {**mem.to_dict(),
                    "kv_space_gb": mem.kv_space_gb, "fits": mem.fits},

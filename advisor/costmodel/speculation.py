@@ -15,7 +15,8 @@ import numpy as np
 
 from .acceptance import cholesky_factor
 from .memory import EMBEDDING_BYTES_PER_PARAM
-from .steptime import ForwardCost, forward_time_s, prefill_compute_s, prefill_time_s
+from .steptime import (ForwardCost, draft_sampling_s, forward_time_s, prefill_compute_s, prefill_time_s,
+                       rejection_sampling_s)
 from .types import PrefillParams, StepTimeParams
 
 MODEL_DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
@@ -39,6 +40,7 @@ class CycleSetup:
     prompt_tokens: int
     output_tokens: int
     tree_width: float = 1.0  # tokens per sequence per draft level (1 = chain; tree: (verify tokens − 1) / depth)
+    temperature: float = 0.0  # sampling temperature: rejection / draft sampling costs at T > 0
 
     @property
     def decode_context_tokens(self) -> float:
@@ -115,7 +117,8 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
     ds = setup.draft_step
     if setup.method in MODEL_DRAFTERS and setup.draft is not None:
         one = forward_time_s(setup.draft, ds, batch, setup.tree_width, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
-        return ks * (ds.proposer_overhead_s + one)
+        return ks * (ds.proposer_overhead_s + one) + draft_sampling_s(ds, ks * batch * setup.tree_width,
+                                                                      setup.temperature)
     if setup.method == "medusa":
         return ds.proposer_overhead_s + medusa_heads_time_s(setup.target, batch, samples.eta_bw) + 0.0 * ks
     per_seq = COPY_PROPOSER_S_PER_SEQ.get(setup.method, 0.0)
@@ -184,7 +187,8 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
         for i, d in enumerate(drafters):  # row assignment broadcasts each row's (1, ·, ·) result
             draft[i] = drafter_time_s(d, b, k, ctx, samples, f[i:i + 1])[0]
             ttft_spec[i], inter_spec[i] = _spec_prefill(d, ttft_base, inter_base, b, samples)
-    verify = ts.verify_overhead_s + fwd[:, :, 1:]
+    verify = (ts.verify_overhead_s + fwd[:, :, 1:]  # + sampling at T > 0: per sequence and per draft position
+              + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature))
     cycle = samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s
     tpot_base = step_base
     tpot_spec = cycle / al
