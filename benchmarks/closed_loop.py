@@ -556,30 +556,22 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.2) -> float:
 
 
 def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -> int:
-    from calibration.vllm_cpu.env import cpu_engine_env, find_iomp
+    from calibration.vllm_cpu.env import cpu_engine_env, find_iomp, find_tcmalloc
 
     plan["busy_before"] = wait_for_quiet(plan.get("max_wait_quiet_s", 600.0))
     plan_path = workdir / f"plan-{plan['label']}.json"
     plan_path.write_text(json.dumps(plan))
     env = cpu_engine_env(kv_cache_space_gib=kv_gib, preload=False)
-    libs = [p for p in (_tcmalloc(), find_iomp(str(Path(python).parent.parent))) if p]
+    libs = [p for p in (find_tcmalloc(), find_iomp(str(Path(python).parent.parent))) if p]
     if libs:
         env["LD_PRELOAD"] = ":".join(libs)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    # vllm-cpu 0.32 bug: the worker pins its main thread to one core before numba is imported, so numba's default
-    # thread count is 1, and NgramProposer.batch_propose's set_num_threads(1) ... set_num_threads(default) leaves
-    # the shared OpenMP runtime at 1 thread: every n-gram engine then runs torch on one core. Fix: numba's count.
-    env.setdefault("NUMBA_NUM_THREADS", str(os.cpu_count() or 1))
+    # cpu_engine_env sets NUMBA_NUM_THREADS (vllm-cpu 0.32 n-gram engines otherwise run torch on one core);
+    # the preloads are looked up for the vLLM interpreter's environment, which may not be this one.
     with log.open("a") as lf:
         proc = subprocess.run([python, "-m", "benchmarks.closed_loop", "--engine-phase", str(plan_path)],
                               cwd=REPO_ROOT, env=env, stdout=lf, stderr=subprocess.STDOUT)
     return proc.returncode
-
-
-def _tcmalloc() -> str | None:
-    from calibration.vllm_cpu.env import find_tcmalloc
-
-    return find_tcmalloc()
 
 
 def _model_path(python: str, workdir: Path, log: Path) -> str:
