@@ -193,6 +193,31 @@ def make_dummy_shape(config_overrides: dict, dst: Path | str, base: Path | str |
     return dst
 
 
+def shape_config(model: dict) -> dict:
+    """A Hugging Face ``config.json`` (Llama architecture) of a catalog model's shape (``advisor/data/models.json``
+    row or ``ModelSpec.to_dict()``): what ``load_format="dummy"`` needs to time a model without its checkpoint."""
+    if model.get("num_experts"):
+        raise ValueError(f"{model.get('name')}: shape configs for mixture-of-experts models are not supported")
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+        "hidden_size": int(model["hidden_size"]), "intermediate_size": int(model["intermediate_size"]),
+        "num_hidden_layers": int(model["num_layers"]), "num_attention_heads": int(model["num_attention_heads"]),
+        "num_key_value_heads": int(model["num_kv_heads"]), "head_dim": int(model["head_dim"]),
+        "vocab_size": int(model["vocab_size"]), "tie_word_embeddings": bool(model["tie_word_embeddings"]),
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
+        "bos_token_id": 1, "eos_token_id": 2, "attention_bias": False, "mlp_bias": False,
+    }
+
+
+def write_shape(model: dict, dst: Path | str) -> Path:
+    """Write :func:`shape_config` of ``model`` to ``dst/config.json``; returns ``dst``."""
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(shape_config(model), indent=2) + "\n")
+    _write_marker(dst, {"shape_of": model.get("name"), "dummy": True})
+    return dst
+
+
 # Llama-like shapes for timing with dummy weights (SmolLM2 tokenizer, vocab 49152).
 DUMMY_SHAPES: dict[str, dict] = {
     # ~360M parameters (SmolLM2-360M's shape)

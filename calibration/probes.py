@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 STRUCTURES = ("code", "json", "sql", "prose", "creative", "rag")
 
@@ -55,17 +57,27 @@ class SpecCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    engine_steps: int = 0  # vllm:iteration_tokens_total's count: engine iterations
+    iteration_tokens: float = 0.0  # ... and its sum: tokens scheduled over those iterations
 
-    def __sub__(self, other: "SpecCounters") -> "SpecCounters":
+    def _combine(self, other: "SpecCounters", sign: int) -> "SpecCounters":
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         a = self.accepted_per_pos + [0] * (n - len(self.accepted_per_pos))
         b = other.accepted_per_pos + [0] * (n - len(other.accepted_per_pos))
         return SpecCounters(
-            self.num_drafts - other.num_drafts,
-            self.num_draft_tokens - other.num_draft_tokens,
-            self.num_accepted_tokens - other.num_accepted_tokens,
-            [x - y for x, y in zip(a, b)],
+            self.num_drafts + sign * other.num_drafts,
+            self.num_draft_tokens + sign * other.num_draft_tokens,
+            self.num_accepted_tokens + sign * other.num_accepted_tokens,
+            [x + sign * y for x, y in zip(a, b)],
+            self.engine_steps + sign * other.engine_steps,
+            self.iteration_tokens + sign * other.iteration_tokens,
         )
+
+    def __sub__(self, other: "SpecCounters") -> "SpecCounters":
+        return self._combine(other, -1)
+
+    def __add__(self, other: "SpecCounters") -> "SpecCounters":
+        return self._combine(other, 1)
 
 
 @dataclass
@@ -86,17 +98,27 @@ class MemoryMeasurement:
 
 @dataclass
 class StepTiming:
-    """Decode (q = 1) or verify (q = k + 1) step time of the target at batch ``batch_size``."""
+    """Seconds per engine step of a batch of ``batch_size`` sequences: a decode (q = 1), a verify of a free
+    proposer (q = k + 1, ``calibration.proposers``), or a whole speculative cycle of a real drafter
+    (``kind="cycle"``: k drafter forwards + one verify; ``accepted_tokens`` says how many drafts were kept)."""
 
     probe: str  # "step_time"
     label: str
     batch_size: int
     q: int  # tokens per sequence per step: 1 plain decode, k + 1 verify
     context_len: int  # prompt length (mean context grows by ~steps/2 during the probe)
-    steps: float  # decode steps timed (per sequence)
+    steps: float  # decode steps (cycles) timed per sequence
     step_s: float  # median seconds per step
     step_s_samples: list[float] = field(default_factory=list)
-    accepted_tokens: int = 0  # should be ~0 for verify probes (drafts rejected)
+    accepted_tokens: int = 0  # summed over the timed repeats; ~0 for verify probes (drafts rejected)
+    temperature: float = 0.0
+    kind: str = "step"  # "step" | "cycle"
+    relative_spread: float | None = None  # (max - min) / median over the repeats
+    num_drafts: int = 0  # spec-decode counters over the timed repeats
+    num_draft_tokens: int = 0
+    engine_steps: float | None = None  # vLLM's own iteration count per timed generate (co-scheduling check)
+    tokens_per_engine_step: float | None = None  # vLLM's iteration_tokens mean: ~ B·q when the batch ran together
+    others_cpu: float | None = None  # CPU share other processes took while timing (CPU hosts)
     engine: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
 
@@ -109,6 +131,8 @@ class PrefillTiming:
     batch_size: int
     prefill_s: float  # median wall time of generate(max_tokens=1)
     samples: list[float] = field(default_factory=list)
+    relative_spread: float | None = None
+    others_cpu: float | None = None
     engine: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
 
@@ -185,7 +209,7 @@ class ProbeRunError(RuntimeError):
 
 @dataclass
 class DrafterSpec:
-    """One drafter to measure acceptance for; ``speculative_config()`` gives vLLM's dict."""
+    """One drafter to measure; ``speculative_config()`` gives vLLM's dict."""
 
     method: str = "ngram"  # ngram | draft_model | eagle | eagle3 | mtp | suffix ...
     k: int = 4
@@ -198,63 +222,123 @@ class DrafterSpec:
     def name(self) -> str:
         if self.label:
             return self.label
-        if self.method == "ngram":
-            return f"ngram-k{self.k}"
+        if self.method in ("ngram", "suffix"):
+            return f"{self.method}-k{self.k}"
         return f"{self.method}-{Path(self.model or 'self').name}-k{self.k}"
 
-    def speculative_config(self, target: str) -> dict:
+    def speculative_config(self, target: str, synthetic_rates: list[float] | None = None) -> dict:
         cfg: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.k}
         if self.method == "ngram":
             cfg["prompt_lookup_min"] = self.prompt_lookup_min
             cfg["prompt_lookup_max"] = self.prompt_lookup_max
-        else:
+        elif self.method != "suffix":
             cfg["model"] = target if self.model in (None, "self") else self.model
             if self.draft_sample_method and self.method == "draft_model":
                 cfg["draft_sample_method"] = self.draft_sample_method
+        if synthetic_rates is not None:
+            cfg["rejection_sample_method"] = "synthetic"
+            cfg["synthetic_acceptance_rates"] = list(synthetic_rates)
         return cfg
+
+
+def synthetic_rates(conditional: float, k: int) -> list[float]:
+    """vLLM's ``synthetic_acceptance_rates`` are unconditional, r_i = P(first i+1 drafts accepted): a conditional
+    per-position rate c gives [c, c², …, c^k] (shared/gpu/README.md)."""
+    return [round(conditional ** (i + 1), 6) for i in range(k)]
 
 
 @dataclass
 class ProbeConfig:
+    """The probe plan's settings. ``None`` fields take the platform's default (:meth:`resolved`): GPUs run the
+    engine as users serve it (CUDA graphs / torch.compile), each engine in its own process; the CPU build runs
+    eager, in-process."""
+
     model: str | None = None  # None: the cached SmolLM2-135M-Instruct (prepared if needed)
     probes: tuple[str, ...] = ("memory", "timing", "acceptance")
-    # engine settings
-    enforce_eager: bool = True
+    # engine settings (what the run is keyed by: dtype, quantization, KV-cache dtype, TP, engine mode)
+    enforce_eager: bool | None = None  # None: eager on the CPU, CUDA graphs + compile on GPUs
     dtype: str = "auto"
-    max_model_len: int = 2048
-    max_num_seqs: int = 16
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None  # None: the longest prompt probed + decode room
+    max_num_seqs: int | None = None  # None: the largest batch probed (so batches are really co-scheduled)
     kv_cache_space_gib: int | None = 2  # CPU: VLLM_CPU_KVCACHE_SPACE; None leaves it alone
     gpu_memory_utilization: float | None = None
-    load_format: str = "auto"  # "dummy" for random weights of the config's shape
+    load_format: str = "auto"  # "dummy": random weights of the config's shape (timing without checkpoints)
+    skip_tokenizer_init: bool = False  # dummy shapes without a tokenizer: token-id prompts only
     seed: int = 0
     # timing
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     decode_tokens: int = 32
     context_len: int = 64
-    verify_ks: tuple[int, ...] = (4,)
+    verify_ks: tuple[int, ...] = (4,)  # verify widths, all timed in one engine (calibration.proposers)
     prompt_lengths: tuple[int, ...] = (64, 256, 1024)
-    repeats: int = 2
+    prefill_batch_sizes: tuple[int, ...] = (1, 4)
+    max_prefill_tokens: int = 8192  # prefill probes skip B·P above this
+    sampled_temperature: float | None = 0.8  # verify, no-draft and cycle steps also at this T (sampling costs)
+    cycle_batch_sizes: tuple[int, ...] | None = None  # whole cycles of each drafter; None: batch_sizes
+    synthetic_acceptance: float | None = None  # conditional rate pinned by vLLM's synthetic sampler (GPUs)
+    truncated_layers: int | None = None  # also time a copy with this many layers (per-layer overhead)
+    repeats: int = 3  # timed repeats per point (at least)
+    max_repeats: int = 6  # ... more while the spread exceeds max_relative_spread
+    max_relative_spread: float = 0.08
+    guard_contention: bool | None = None  # None: on the CPU, redo timings while other processes load the cores
+    isolate_engines: bool | None = None  # None: on GPUs, each engine in its own process
     # acceptance
     drafters: tuple[DrafterSpec, ...] = (DrafterSpec("ngram", 4),)
     structures: tuple[str, ...] = STRUCTURES
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
-    prompts_per_probe: int = 8
-    max_tokens: int = 96
+    prompts_per_probe: int = 12
+    max_tokens: int = 128
+    output_checkpoints: tuple[int, ...] = ()  # copy drafters: acceptance also after this many output tokens
     chat: bool = True  # apply the tokenizer's chat template (instruct models)
     prompts_file: str | None = None  # user's JSONL {"structure", "prompt"}; replaces ours
+
+    def resolved(self, on_gpu: bool | None = None) -> "ProbeConfig":
+        """Platform defaults filled in (``on_gpu`` None: ask vLLM's platform)."""
+        if on_gpu is None:
+            on_gpu = platform_is_gpu()
+        largest = max([*self.batch_sizes, *(self.cycle_batch_sizes or ()), *self.prefill_batch_sizes,
+                       self.prompts_per_probe if "acceptance" in self.probes else 1])
+        longest = max([self.context_len, *self.prompt_lengths]) if "timing" in self.probes else self.context_len
+        need_len = longest + max(self.decode_tokens, self.max_tokens) * (1 + max(self.verify_ks or (1,))) + 64
+        return dataclasses.replace(
+            self,
+            enforce_eager=(not on_gpu) if self.enforce_eager is None else self.enforce_eager,
+            max_num_seqs=self.max_num_seqs or max(largest, 1),
+            max_model_len=self.max_model_len or int(2 ** np.ceil(np.log2(need_len))),
+            guard_contention=(not on_gpu) if self.guard_contention is None else self.guard_contention,
+            isolate_engines=on_gpu if self.isolate_engines is None else self.isolate_engines,
+            kv_cache_space_gib=None if on_gpu else self.kv_cache_space_gib,
+            cycle_batch_sizes=self.cycle_batch_sizes or self.batch_sizes,
+        )
 
     def engine_settings(self, model: str) -> dict:
         return {
             "model": model,
             "enforce_eager": self.enforce_eager,
             "dtype": self.dtype,
+            "quantization": self.quantization,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "kv_cache_space_gib": self.kv_cache_space_gib,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "load_format": self.load_format,
+            "skip_tokenizer_init": self.skip_tokenizer_init,
             "seed": self.seed,
         }
+
+
+def platform_is_gpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cuda_alike())
+    except Exception:
+        return False
 
 
 # --------------------------------------------------------------------------- environment
@@ -350,8 +434,8 @@ def load_prompts(path: str | Path | None = None, structures: Iterable[str] | Non
 
 
 def read_spec_counters(llm) -> SpecCounters:
-    """Current values of vLLM's spec-decode counters (``LLM.get_metrics()``, needs
-    ``disable_log_stats=False``)."""
+    """Current values of vLLM's spec-decode counters and its iteration histogram (``LLM.get_metrics()``, needs
+    ``disable_log_stats=False``); the same names in vLLM 0.24 and 0.32."""
     c = SpecCounters()
     for m in llm.get_metrics():
         name = m.name
@@ -367,6 +451,9 @@ def read_spec_counters(llm) -> SpecCounters:
                 c.accepted_per_pos += [0] * (len(vals) - len(c.accepted_per_pos))
             for i, v in enumerate(vals):
                 c.accepted_per_pos[i] += int(v)
+        elif name == "vllm:iteration_tokens_total":
+            c.engine_steps += int(getattr(m, "count", 0) or 0)
+            c.iteration_tokens += float(getattr(m, "sum", 0.0) or 0.0)
     return c
 
 
@@ -387,8 +474,13 @@ def kv_capacity(llm) -> dict:
     }
 
 
+OPTIONAL_ENGINE_ARGS = {"quantization": None, "kv_cache_dtype": "auto", "tensor_parallel_size": 1,
+                        "skip_tokenizer_init": False}
+
+
 def start_engine(settings: dict, speculative_config: dict | None = None):
-    """Start ``vllm.LLM`` with our settings; returns (llm, start-up seconds)."""
+    """Start ``vllm.LLM`` with our settings; returns (llm, start-up seconds). Settings left at vLLM's default are
+    not passed (the same call works on vLLM 0.24 and newer)."""
     if settings.get("kv_cache_space_gib") is not None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(settings["kv_cache_space_gib"]))
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
@@ -405,6 +497,9 @@ def start_engine(settings: dict, speculative_config: dict | None = None):
         "disable_log_stats": False,
         "speculative_config": speculative_config,
     }
+    for key, default in OPTIONAL_ENGINE_ARGS.items():
+        if settings.get(key, default) != default:
+            kwargs[key] = settings[key]
     if settings.get("gpu_memory_utilization") is not None:
         kwargs["gpu_memory_utilization"] = settings["gpu_memory_utilization"]
     t0 = time.perf_counter()
@@ -422,15 +517,65 @@ def stop_engine(llm) -> None:
     gc.collect()
 
 
-def _random_prompts(n: int, length: int, rng: random.Random, vocab: int = 20000) -> list[dict]:
-    # Distinct random token prompts: no prefix-cache hits between calls.
-    return [{"prompt_token_ids": [rng.randrange(100, vocab) for _ in range(length)]} for _ in range(n)]
+def _random_prompts(n: int, length: int, rng: random.Random, vocab: int = 20000, first: int | None = None,
+                    repetitive: bool = False) -> list[dict]:
+    """Distinct random token prompts (no prefix-cache hits between calls). ``first`` replaces the first token (a
+    draft-width marker, ``calibration.proposers``); ``repetitive`` repeats a random 16-token phrase, so that copy
+    drafters (n-gram) find matches to propose from."""
+    out = []
+    for _ in range(n):
+        if repetitive:
+            phrase = [rng.randrange(100, vocab) for _ in range(16)]
+            ids = (phrase * (length // 16 + 1))[:length]
+        else:
+            ids = [rng.randrange(100, vocab) for _ in range(length)]
+        if first is not None:
+            ids[0] = first
+        out.append({"prompt_token_ids": ids})
+    return out
 
 
 def _timed_generate(llm, prompts, params) -> tuple[float, list]:
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     return time.perf_counter() - t0, outs
+
+
+def _sampling(temperature: float, max_tokens: int, seed: int, detokenize: bool = True):
+    from vllm import SamplingParams
+
+    kw: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens, "ignore_eos": True}
+    if max_tokens > 1:
+        kw["min_tokens"] = max_tokens
+    if temperature > 0:
+        kw["seed"] = seed
+    if not detokenize:
+        kw["detokenize"] = False
+    return SamplingParams(**kw)
+
+
+def _spread(samples: list[float]) -> float:
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+
+def _repeat(measure, cfg: ProbeConfig, label: str) -> tuple[list[Any], float | None]:
+    """Call ``measure()`` ``cfg.repeats`` times, and more (up to ``cfg.max_repeats``) while the spread of its first
+    return value exceeds ``cfg.max_relative_spread``. On a shared CPU each call is guarded against contention
+    (:func:`calibration.contention.guarded`). Returns (results, the largest CPU share others took)."""
+    from .contention import guarded
+
+    results, worst = [], None
+    while len(results) < cfg.max_repeats:
+        if cfg.guard_contention:
+            r, others = guarded(measure, label)
+            worst = others if worst is None else max(worst, others)
+        else:
+            r = measure()
+        results.append(r)
+        if len(results) >= cfg.repeats and _spread([x[0] for x in results]) <= cfg.max_relative_spread:
+            break
+    return results, worst
 
 
 # --------------------------------------------------------------------------- probes
@@ -446,47 +591,60 @@ def measure_memory(llm, label: str, startup_s: float, has_drafter: bool, engine:
 
 
 def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig, engine: dict, env: dict,
-                      rng: random.Random) -> StepTiming:
-    """(wall(generate N+1 tokens) - wall(generate 1 token)) / decode steps, median over repeats."""
-    from vllm import SamplingParams
+                      rng: random.Random, temperature: float = 0.0, kind: str = "step",
+                      width_marker: int | None = None, repetitive: bool = False) -> StepTiming:
+    """(wall(generate N+1 tokens) - wall(generate 1 token)) / decode steps, repeated until the spread is known.
 
+    Steps per sequence = tokens after the first - accepted drafts per sequence (a cycle yields 1 + accepted), so
+    the same formula times decode steps, verify steps and whole speculative cycles. vLLM's iteration histogram
+    says how many engine steps the batch took: about N + 1 when the batch was really co-scheduled."""
     n = cfg.decode_tokens
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    many = SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True)
-    samples, steps_seen, accepted = [], [], 0
-    # warm-up at this batch size (allocations, first-call effects)
-    llm.generate(_random_prompts(batch_size, cfg.context_len, rng), many, use_tqdm=False)
-    for _ in range(max(1, cfg.repeats)):
-        t1, _ = _timed_generate(llm, _random_prompts(batch_size, cfg.context_len, rng), one)
-        before = read_spec_counters(llm) if q > 1 else None
-        tn, outs = _timed_generate(llm, _random_prompts(batch_size, cfg.context_len, rng), many)
-        acc = 0
-        if before is not None:
-            acc = (read_spec_counters(llm) - before).num_accepted_tokens
-            accepted += acc
+    detok = not cfg.skip_tokenizer_init
+    one, many = _sampling(temperature, 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
+
+    def prompts():
+        return _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
+
+    llm.generate(prompts(), many, use_tqdm=False)  # warm-up at this batch size (allocations, first-call effects)
+
+    def once():
+        t1, _ = _timed_generate(llm, prompts(), one)
+        before = read_spec_counters(llm)
+        tn, outs = _timed_generate(llm, prompts(), many)
+        d = read_spec_counters(llm) - before
         tokens = sum(len(o.outputs[0].token_ids) for o in outs) / batch_size
-        steps = max(1.0, tokens - 1 - acc / batch_size)
-        steps_seen.append(steps)
-        samples.append((tn - t1) / steps)
+        steps = max(1.0, tokens - 1 - d.num_accepted_tokens / batch_size)
+        return (tn - t1) / steps, steps, d
+
+    results, others = _repeat(once, cfg, label)
+    samples = [r[0] for r in results]
+    tot = SpecCounters()
+    for r in results:
+        tot = tot + r[2]
+    runs = len(results)
     return StepTiming(
         probe="step_time", label=label, batch_size=batch_size, q=q, context_len=cfg.context_len,
-        steps=statistics.median(steps_seen), step_s=statistics.median(samples),
-        step_s_samples=[round(s, 6) for s in samples], accepted_tokens=accepted, engine=engine, environment=env,
+        steps=statistics.median(r[1] for r in results), step_s=statistics.median(samples),
+        step_s_samples=[round(s, 7) for s in samples], accepted_tokens=tot.num_accepted_tokens,
+        temperature=float(temperature), kind=kind, relative_spread=round(_spread(samples), 4),
+        num_drafts=tot.num_drafts, num_draft_tokens=tot.num_draft_tokens,
+        engine_steps=(tot.engine_steps / runs) if tot.engine_steps else None,
+        tokens_per_engine_step=(tot.iteration_tokens / tot.engine_steps) if tot.engine_steps else None,
+        others_cpu=others, engine=engine, environment=env,
     )
 
 
 def measure_prefill(llm, label: str, prompt_len: int, cfg: ProbeConfig, engine: dict, env: dict,
                     rng: random.Random, batch_size: int = 1) -> PrefillTiming:
-    from vllm import SamplingParams
-
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    one = _sampling(0.0, 1, cfg.seed, not cfg.skip_tokenizer_init)
     llm.generate(_random_prompts(batch_size, prompt_len, rng), one, use_tqdm=False)  # warm-up
-    samples = [_timed_generate(llm, _random_prompts(batch_size, prompt_len, rng), one)[0]
-               for _ in range(max(1, cfg.repeats))]
+    results, others = _repeat(lambda: (_timed_generate(llm, _random_prompts(batch_size, prompt_len, rng), one)[0],),
+                              cfg, label)
+    samples = [r[0] for r in results]
     return PrefillTiming(
         probe="prefill", label=label, prompt_len=prompt_len, batch_size=batch_size,
         prefill_s=statistics.median(samples), samples=[round(s, 6) for s in samples],
-        engine=engine, environment=env,
+        relative_spread=round(_spread(samples), 4), others_cpu=others, engine=engine, environment=env,
     )
 
 
@@ -518,7 +676,7 @@ def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: f
     n = d.num_drafts
     return AcceptanceMeasurement(
         probe="acceptance", label=drafter.name(), method=drafter.method,
-        drafter=None if drafter.method == "ngram" else (drafter.model or "self"), k=drafter.k,
+        drafter=None if drafter.method in ("ngram", "suffix") else (drafter.model or "self"), k=drafter.k,
         structure=structure, temperature=float(temperature), num_prompts=len(prompts),
         output_tokens=out_tokens, wall_s=round(wall, 4),
         num_drafts=n, num_draft_tokens=d.num_draft_tokens, num_accepted_tokens=d.num_accepted_tokens,
@@ -531,29 +689,213 @@ def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: f
     )
 
 
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class EnginePlan:
+    """One engine of the probe plan and what it measures. Tasks: ``("step", B, width, T)`` (q = width + 1; a
+    width > 0 in a ``verify`` engine drafts that many always-rejected tokens), ``("cycle", B, T)`` (whole cycles
+    of the engine's drafter), ``("prefill", P, B)``, ``("accept", structure, T)``."""
+
+    label: str
+    model: str
+    speculative_config: dict | None
+    tasks: list[tuple] = field(default_factory=list)
+    drafter: str | None = None  # DrafterSpec.name() for cycle / acceptance engines
+
+
+def _subset(values: tuple[int, ...]) -> tuple[int, ...]:
+    """First, middle and last: the few batch sizes at which second-order effects (T > 0) are timed."""
+    v = sorted(set(values))
+    return tuple(sorted({v[0], v[len(v) // 2], v[-1]}))
+
+
+def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) -> list[EnginePlan]:
+    """The one probe plan (design.md §4), for ``advisor calibrate``, the calibration job and both closed loops.
+
+    1. ``target``: decode steps over the batch sizes; prefill over prompt lengths at B = 1 and B > 1.
+    2. ``verify-kK``: the target with a free proposer (``calibration.proposers``) -- verify steps at every k of
+       ``verify_ks`` and speculative steps without drafts, at T = 0 and at ``sampled_temperature``.
+    3. ``truncated-Nl`` (optional): decode steps of a copy with N layers (per-step vs per-layer overhead).
+    4. per drafter: whole speculative cycles over ``cycle_batch_sizes`` (the drafter's own cost: draft model,
+       EAGLE head, n-gram lookup), at the synthetic acceptance when one is set; then its acceptance per
+       (structure, temperature) on the probe prompts, in its own engine when the cycles ran synthetic.
+    ``cfg`` must be :meth:`ProbeConfig.resolved`.
+    """
+    prompts = prompts or {}
+    model = cfg.model or ""
+    want = set(cfg.probes)
+    plan: list[EnginePlan] = []
+    timing = "timing" in want
+    if want & {"timing", "memory"}:
+        tasks: list[tuple] = []
+        if timing:
+            tasks += [("step", b, 0, 0.0) for b in cfg.batch_sizes]
+            tasks += [("prefill", length, b) for b in cfg.prefill_batch_sizes for length in cfg.prompt_lengths
+                      if b == 1 or length * b <= cfg.max_prefill_tokens]
+        plan.append(EnginePlan("target", model, None, tasks))
+    if timing and cfg.verify_ks:
+        from .proposers import QUALNAME
+
+        kmax = max(cfg.verify_ks)
+        tasks = [("step", b, w, 0.0) for w in sorted({0, *cfg.verify_ks}) for b in cfg.batch_sizes]
+        if cfg.sampled_temperature:
+            tasks += [("step", b, w, cfg.sampled_temperature) for w in (0, kmax) for b in _subset(cfg.batch_sizes)]
+        plan.append(EnginePlan(f"verify-k{kmax}", model,
+                               {"method": "custom_class", "model": QUALNAME, "num_speculative_tokens": kmax}, tasks))
+    if timing and cfg.truncated_layers:
+        plan.append(EnginePlan(f"truncated-{cfg.truncated_layers}l", f"{model}@layers={cfg.truncated_layers}",
+                               None, [("step", b, 0, 0.0) for b in _subset(cfg.batch_sizes)[:2]]))
+    for d in cfg.drafters:
+        accept = [("accept", s, t) for s in cfg.structures if prompts.get(s) for t in cfg.temperatures] \
+            if "acceptance" in want else []
+        cycles: list[tuple] = []
+        if timing:
+            cycles = [("cycle", b, 0.0) for b in (cfg.cycle_batch_sizes or cfg.batch_sizes)]
+            if cfg.sampled_temperature and d.method not in ("ngram", "suffix"):
+                mid = _subset(cfg.cycle_batch_sizes or cfg.batch_sizes)
+                cycles.append(("cycle", mid[len(mid) // 2], cfg.sampled_temperature))
+        if cfg.synthetic_acceptance is not None and cycles:
+            rates = synthetic_rates(cfg.synthetic_acceptance, d.k)
+            plan.append(EnginePlan(f"{d.name()}-synthetic{cfg.synthetic_acceptance:g}", model,
+                                   d.speculative_config(model, rates), cycles, d.name()))
+            cycles = []
+        if cycles or accept or (not timing and "memory" in want):
+            plan.append(EnginePlan(d.name(), model, d.speculative_config(model), cycles + accept, d.name()))
+    return plan
+
+
+def resolve_model_path(path: str, load_format: str) -> str:
+    """``PATH@layers=N``: a copy of ``PATH`` with its first N layers (real weights copied; dummy: config only)."""
+    if "@layers=" not in path:
+        return path
+    src, n = path.split("@layers=")
+    dst = Path(src).parent / f"{Path(src).name}-{n}l"
+    if load_format == "dummy":
+        from .models import make_dummy_shape
+
+        return str(make_dummy_shape({"num_hidden_layers": int(n)}, dst, base=src))
+    from .models import make_truncated_copy
+
+    return str(make_truncated_copy(src, int(n), dst))
+
+
 # --------------------------------------------------------------------------- the run
 
 
-def _plan(cfg: ProbeConfig, prompts: dict[str, list[str]]) -> list[tuple[str, Any]]:
-    """Engines to start, each with its list of tasks; used for progress totals."""
-    plan: list[tuple[str, Any]] = []
-    want = set(cfg.probes)
-    if want & {"timing", "memory"}:
-        tasks = []
-        if "timing" in want:
-            tasks += [("step", b, 1) for b in cfg.batch_sizes] + [("prefill", L) for L in cfg.prompt_lengths]
-        plan.append(("target", tasks))
-        if "timing" in want:
-            for k in cfg.verify_ks:
-                plan.append((f"verify-k{k}", [("step", b, k + 1) for b in cfg.batch_sizes]))
-    if "acceptance" in want:
-        for d in cfg.drafters:
-            tasks = [("accept", s, t) for s in cfg.structures if prompts.get(s) for t in cfg.temperatures]
-            plan.append((d.name(), tasks))
-    elif "memory" in want:
-        for d in cfg.drafters:
-            plan.append((d.name(), []))
-    return plan
+def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
+               emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random) -> None:
+    """Start ``item``'s engine here, run its tasks, stop it; each measurement to ``emit`` as it is taken."""
+    drafters = {d.name(): d for d in cfg.drafters}
+    path = resolve_model_path(item.model, cfg.load_format)
+    settings = cfg.engine_settings(path)
+    spec = item.speculative_config
+    engine = dict(settings, label=item.label, speculative_config=spec)
+    llm, startup = start_engine(settings, spec)
+    try:
+        if "memory" in cfg.probes:
+            emit(measure_memory(llm, item.label, startup, spec is not None, engine, env))
+        tick(f"{item.label}: started in {startup:.1f}s")
+        copy_drafter = (spec or {}).get("method") in ("ngram", "suffix")
+        for task in item.tasks:
+            if task[0] == "step":
+                _, b, w, t = task
+                marker = None
+                if spec is not None:
+                    from .proposers import width_marker
+
+                    marker = width_marker(w)
+                m = measure_step_time(llm, item.label, b, w + 1, cfg, engine, env, rng, temperature=t,
+                                      width_marker=marker)
+                emit(m)
+                tick(f"{item.label}: B={b} q={w + 1} T={t:g} step {m.step_s * 1e3:.2f} ms")
+            elif task[0] == "cycle":
+                _, b, t = task
+                k = int(spec["num_speculative_tokens"])
+                m = measure_step_time(llm, item.label, b, k + 1, cfg, engine, env, rng, temperature=t,
+                                      kind="cycle", repetitive=copy_drafter)
+                emit(m)
+                tick(f"{item.label}: B={b} T={t:g} cycle {m.step_s * 1e3:.2f} ms")
+            elif task[0] == "prefill":
+                _, length, b = task
+                m = measure_prefill(llm, item.label, length, cfg, engine, env, rng, batch_size=b)
+                emit(m)
+                tick(f"{item.label}: prefill {b}x{length} tokens {m.prefill_s * 1e3:.1f} ms")
+            elif task[0] == "accept":
+                _, s, t = task
+                m = measure_acceptance(llm, drafters[item.drafter], s, t, prompts[s][: cfg.prompts_per_probe],
+                                       cfg, engine, env)
+                emit(m)
+                al = f"{m.acceptance_length:.2f}" if m.acceptance_length else "-"
+                tick(f"{item.label}: {s} T={t} AL {al}")
+    finally:
+        stop_engine(llm)
+
+
+MEASUREMENT_TYPES = {"memory": MemoryMeasurement, "step_time": StepTiming, "prefill": PrefillTiming,
+                     "acceptance": AcceptanceMeasurement}
+
+
+def measurement_from_dict(data: dict) -> Any:
+    cls = MEASUREMENT_TYPES[data["probe"]]
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _run_engine_isolated(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
+                         emit: MeasurementCallback, tick: Callable[[str], None]) -> None:
+    """:func:`run_engine` in a child process (``python -m calibration.probes --engine-plan FILE``), ended with its
+    process group: a GPU engine's memory is only free again once its process is gone."""
+    import signal
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"config": _config_dict(cfg), "engine": asdict(item), "environment": env, "prompts": prompts}, f)
+        plan_file = f.name
+    proc = subprocess.Popen([sys.executable, "-m", "calibration.probes", "--engine-plan", plan_file],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    error = None
+    try:
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if "measurement" in event:
+                emit(measurement_from_dict(event["measurement"]))
+            elif "tick" in event:
+                tick(event["tick"])
+            elif "error" in event:
+                error = event["error"]
+        proc.wait()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        os.unlink(plan_file)
+    if proc.returncode != 0:
+        raise RuntimeError(error or f"engine process {item.label} exited with {proc.returncode}")
+
+
+def _engine_plan_main(plan_file: str) -> int:
+    """Child side of :func:`_run_engine_isolated`: events as JSON lines on the original stdout."""
+    events = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # vLLM's own prints go to stderr
+    data = json.loads(Path(plan_file).read_text())
+    cfg = config_from_dict(data["config"])
+    item = EnginePlan(**{**data["engine"], "tasks": [tuple(t) for t in data["engine"]["tasks"]]})
+    rng = random.Random(hash((cfg.seed, item.label)) & 0xFFFFFFFF)
+    try:
+        run_engine(item, cfg, data["environment"], data["prompts"],
+                   lambda m: events.write(json.dumps({"measurement": asdict(m)}) + "\n"),
+                   lambda msg: events.write(json.dumps({"tick": msg}) + "\n"), rng)
+    except BaseException as exc:
+        events.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return 1
+    return 0
 
 
 def run_probes(
@@ -561,7 +903,7 @@ def run_probes(
     progress: ProgressCallback | None = None,
     on_measurement: MeasurementCallback | None = None,
 ) -> CalibrationResult:
-    """Run the configured probes; one engine at a time.
+    """Run the probe plan (:func:`plan_engines`); one engine at a time.
 
     ``progress(done, total, message)`` is called after every step (an engine start counts as one);
     ``on_measurement(m)`` with each measurement as soon as it is taken. Raises :class:`ProbeRunError`
@@ -571,18 +913,15 @@ def run_probes(
     if cfg.model is None:
         from .models import prepare_smollm2
 
-        model = str(prepare_smollm2())
-    else:
-        model = cfg.model
-    cfg = dataclasses.replace(cfg, model=model)
+        cfg = dataclasses.replace(cfg, model=str(prepare_smollm2()))
+    cfg = cfg.resolved()
     env = environment_info()
     result = CalibrationResult(environment=env, config=_config_dict(cfg), started_at=time.time())
     prompts = load_prompts(cfg.prompts_file, cfg.structures) if "acceptance" in cfg.probes else {}
-    plan = _plan(cfg, prompts)
-    total = sum(1 + len(tasks) for _, tasks in plan)
+    plan = plan_engines(cfg, prompts)
+    total = sum(1 + len(item.tasks) for item in plan)
     done = 0
     rng = random.Random(cfg.seed)
-    drafters = {d.name(): d for d in cfg.drafters}
 
     def emit(m: Any) -> None:
         result.add(m)
@@ -595,45 +934,14 @@ def run_probes(
         if progress is not None:
             progress(done, total, msg)
 
-    base_settings = cfg.engine_settings(model)
     stage = "setup"
     try:
-        for label, tasks in plan:
-            if label == "target":
-                spec = None
-            elif label.startswith("verify-k"):
-                from .proposers import QUALNAME
-
-                spec = {"method": "custom_class", "model": QUALNAME, "num_speculative_tokens": int(label[8:])}
+        for item in plan:
+            stage = f"engine {item.label}"
+            if cfg.isolate_engines:
+                _run_engine_isolated(item, cfg, env, prompts, emit, tick)
             else:
-                spec = drafters[label].speculative_config(model)
-            engine = dict(base_settings, label=label, speculative_config=spec)
-            stage = f"start engine {label}"
-            llm, startup = start_engine(base_settings, spec)
-            try:
-                if "memory" in cfg.probes:
-                    emit(measure_memory(llm, label, startup, spec is not None, engine, env))
-                tick(f"{label}: started in {startup:.1f}s")
-                for task in tasks:
-                    stage = f"{label}: {task}"
-                    if task[0] == "step":
-                        _, b, q = task
-                        m = measure_step_time(llm, label, b, q, cfg, engine, env, rng)
-                        emit(m)
-                        tick(f"{label}: B={b} q={q} step {m.step_s * 1e3:.1f} ms")
-                    elif task[0] == "prefill":
-                        m = measure_prefill(llm, label, task[1], cfg, engine, env, rng)
-                        emit(m)
-                        tick(f"{label}: prefill {task[1]} tokens {m.prefill_s * 1e3:.0f} ms")
-                    elif task[0] == "accept":
-                        _, s, t = task
-                        ps = prompts[s][: cfg.prompts_per_probe]
-                        m = measure_acceptance(llm, drafters[label], s, t, ps, cfg, engine, env)
-                        emit(m)
-                        al = f"{m.acceptance_length:.2f}" if m.acceptance_length else "-"
-                        tick(f"{label}: {s} T={t} AL {al}")
-            finally:
-                stop_engine(llm)
+                run_engine(item, cfg, env, prompts, emit, tick, rng)
     except BaseException as exc:  # keep what was measured
         result.status = "failed"
         result.finished_at = time.time()
@@ -650,6 +958,18 @@ def _config_dict(cfg: ProbeConfig) -> dict:
     d = asdict(cfg)
     d["drafters"] = [dict(asdict(x), name=x.name()) for x in cfg.drafters]
     return d
+
+
+def config_from_dict(data: dict) -> ProbeConfig:
+    """Inverse of ``_config_dict`` (tuples restored)."""
+    names = {f.name for f in dataclasses.fields(ProbeConfig)}
+    d = {k: v for k, v in data.items() if k in names}
+    spec_names = {f.name for f in dataclasses.fields(DrafterSpec)}
+    d["drafters"] = tuple(DrafterSpec(**{k: v for k, v in x.items() if k in spec_names}) for x in d.get("drafters", ()))
+    for k, v in list(d.items()):
+        if isinstance(v, list):
+            d[k] = tuple(v)
+    return ProbeConfig(**d)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -670,6 +990,9 @@ def _parse_drafter(text: str) -> DrafterSpec:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--engine-plan"]:
+        return _engine_plan_main(argv[1])
     p = argparse.ArgumentParser(description="Run calibration probes through vLLM and write JSON.")
     p.add_argument("--model", default=None, help="target checkpoint (default: cached SmolLM2-135M-Instruct)")
     p.add_argument("--probes", default="memory,timing,acceptance")
@@ -683,7 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--prompts-file", default=None)
     p.add_argument("--load-format", default="auto")
-    p.add_argument("--compiled", action="store_true", help="torch.compile (slow start); default eager")
+    p.add_argument("--compiled", action="store_true", default=None,
+                   help="CUDA graphs / torch.compile on the CPU too (default: eager on the CPU, compiled on GPUs)")
     p.add_argument("--kv-cache-space-gib", type=int, default=2)
     p.add_argument("--output", "-o", default="-", help="JSON file (default stdout)")
     args = p.parse_args(argv)
@@ -714,7 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         prompts_file=args.prompts_file,
         load_format=args.load_format,
-        enforce_eager=not args.compiled,
+        enforce_eager=None if args.compiled is None else False,
         kv_cache_space_gib=args.kv_cache_space_gib,
     )
     from tqdm import tqdm

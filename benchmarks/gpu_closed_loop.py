@@ -1,0 +1,318 @@
+"""The GPU closed loop (issue 8): calibrate with the product's probe plan on a GPU, then measure end-to-end
+speedups through vLLM and compare them with what ``advisor.costmodel.predict`` says from that calibration.
+
+Three phases, each its own command:
+
+``calibrate`` (on the GPU)  -- ``calibration.probes.run_probes`` with the GPU plan below: an 8B-shaped target and a
+                             1B-shaped draft model, dummy weights (config only), CUDA graphs, every engine in its own
+                             process; records as JSON lines.
+``measure`` (on the GPU)    -- one engine per (method, k, synthetic acceptance) and a baseline; at each batch size B
+                             a batch of B requests (P-token prompts, O output tokens, greedy, ignore_eos) is timed
+                             for O tokens and for 1 token; decode time = the difference. vLLM's counters say how many
+                             drafts were made and accepted. Engines already measured (in ``--workdir``) are skipped,
+                             so a second command continues where a time limit stopped the first.
+``analyze`` (anywhere)      -- fits the calibration (``calibration.fit.fit_run``), predicts each measured point with
+                             ``advisor.costmodel.predict`` (acceptance given as the synthetic per-position rates,
+                             the drafting fraction as calibrated), and writes the table and summary.
+
+Usage on the device (after scripts/gpu-setup.sh): ``python -m benchmarks.gpu_closed_loop calibrate --workdir W``;
+``python -m benchmarks.gpu_closed_loop measure --workdir W``; here: ``python -m benchmarks.gpu_closed_loop analyze
+--workdir benchmarks/data/h200``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = REPO_ROOT / "advisor" / "data"
+TARGET = "llama-3.1-8b-instruct"
+DRAFT = "llama-3.2-1b-instruct"
+BATCH_SIZES = (1, 4, 16, 64, 128, 256)
+PROMPT_TOKENS = 128
+OUTPUT_TOKENS = 128
+ACCEPTANCES = (0.5, 0.8)  # conditional per-position rates, pinned by vLLM's synthetic rejection sampler
+CALIBRATION_ACCEPTANCE = 0.7
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    label: str
+    method: str | None  # None: baseline
+    k: int = 0
+    acceptance: float | None = None
+
+
+def engine_cases() -> list[EngineCase]:
+    cases = [EngineCase("baseline", None)]
+    for method, ks in (("draft_model", (3, 5)), ("ngram", (3,))):
+        for k in ks:
+            for a in ACCEPTANCES:
+                cases.append(EngineCase(f"{method}-k{k}-a{a:g}", method, k, a))
+    return cases
+
+
+def catalog_row(name: str) -> dict:
+    rows = json.loads((DATA_DIR / "models.json").read_text())["items"]
+    return next(r for r in rows if r["name"] == name)
+
+
+def shapes(workdir: Path) -> tuple[str, str]:
+    from calibration.models import write_shape
+
+    return (str(write_shape(catalog_row(TARGET), workdir / "shapes" / TARGET)),
+            str(write_shape(catalog_row(DRAFT), workdir / "shapes" / DRAFT)))
+
+
+def gpu_probe_config(target: str, draft: str):
+    """The GPU probe plan of the closed loop: the product's ``ProbeConfig`` with timing settings for an H200."""
+    from calibration.probes import DrafterSpec, ProbeConfig
+
+    return ProbeConfig(
+        model=target, probes=("memory", "timing"), load_format="dummy", skip_tokenizer_init=True,
+        batch_sizes=(1, 8, 64, 256), cycle_batch_sizes=(1, 16, 64, 256), decode_tokens=32,
+        context_len=PROMPT_TOKENS, verify_ks=(3, 5), prompt_lengths=(512, 2048, 8192), prefill_batch_sizes=(1, 4),
+        max_prefill_tokens=8192, sampled_temperature=0.8, synthetic_acceptance=CALIBRATION_ACCEPTANCE,
+        repeats=2, max_repeats=4, max_relative_spread=0.05, max_model_len=8192 + 512,
+        drafters=(DrafterSpec("draft_model", 3, model=draft, draft_sample_method=None, label=f"draft_model-{DRAFT}-k3"),
+                  DrafterSpec("ngram", 3)),
+    )
+
+
+# --------------------------------------------------------------------------------------------- calibrate
+def calibrate(workdir: Path) -> int:
+    from calibration.probes import ProbeRunError, environment_info, run_probes
+    from calibration.runner import to_record
+
+    target, draft = shapes(workdir)
+    out = workdir / "calibration.jsonl"
+    out.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    splits: dict[str, float] = {}
+    last = [time.perf_counter()]
+
+    def progress(done: int, total: int, msg: str) -> None:
+        now = time.perf_counter()
+        key = "engine start" if "started in" in msg else "probes"
+        splits[key] = splits.get(key, 0.0) + (now - last[0])
+        last[0] = now
+        print(f"[calibrate {done}/{total}] {msg}", file=sys.stderr, flush=True)
+
+    with out.open("w") as f:
+        def emit(m) -> None:
+            f.write(json.dumps(to_record(m)) + "\n")
+            f.flush()
+
+        status = "succeeded"
+        try:
+            run_probes(gpu_probe_config(target, draft), progress=progress, on_measurement=emit)
+        except ProbeRunError as exc:
+            status = f"failed: {exc}"
+    info = {"status": status, "wall_s": round(time.perf_counter() - t0, 1),
+            "split_s": {k: round(v, 1) for k, v in splits.items()}, "environment": environment_info(),
+            "config": dataclasses.asdict(gpu_probe_config(target, draft))}
+    (workdir / "calibration-run.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
+    print(json.dumps({k: info[k] for k in ("status", "wall_s", "split_s")}), flush=True)
+    return 0 if status == "succeeded" else 1
+
+
+# --------------------------------------------------------------------------------------------- measure
+def _measure_engine(case: EngineCase, target: str, draft: str, out: Path) -> None:
+    """Child process: one engine, every batch size; one JSON line per batch size to ``out``."""
+    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, environment_info, read_spec_counters,
+                                    start_engine, stop_engine, synthetic_rates)
+
+    import random
+
+    cfg = gpu_probe_config(target, draft).resolved(on_gpu=True)
+    settings = cfg.engine_settings(target)
+    spec = None
+    if case.method:
+        d = DrafterSpec(case.method, case.k, model=draft if case.method == "draft_model" else None,
+                        draft_sample_method=None)
+        spec = d.speculative_config(target, None if case.acceptance is None else synthetic_rates(case.acceptance, case.k))
+    llm, startup = start_engine(settings, spec)
+    rng = random.Random(7)
+    copy = case.method == "ngram"
+    one, many = _sampling(0.0, 1, 0, False), _sampling(0.0, OUTPUT_TOKENS, 0, False)
+    env = environment_info()
+    try:
+        llm.generate(_random_prompts(8, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
+        with out.open("a") as f:
+            for b in BATCH_SIZES:
+                llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
+                rounds = []
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), one, use_tqdm=False)
+                    t1 = time.perf_counter() - t0
+                    c0 = read_spec_counters(llm)
+                    t0 = time.perf_counter()
+                    outs = llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many,
+                                        use_tqdm=False)
+                    tn = time.perf_counter() - t0
+                    d = read_spec_counters(llm) - c0
+                    rounds.append({"first_token_s": t1, "wall_s": tn,
+                                   "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                                   "num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
+                                   "num_accepted_tokens": d.num_accepted_tokens,
+                                   "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
+                                   "iteration_tokens": d.iteration_tokens})
+                row = {"engine": case.label, "method": case.method, "k": case.k, "acceptance": case.acceptance,
+                       "batch_size": b, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                       "startup_s": startup, "speculative_config": spec, "rounds": rounds,
+                       "gpu_name": env.get("gpu_name"), "vllm_version": env.get("vllm_version")}
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                dec = statistics.median(r["wall_s"] - r["first_token_s"] for r in rounds)
+                print(f"[{case.label}] B={b}: decode {dec:.3f} s", file=sys.stderr, flush=True)
+    finally:
+        stop_engine(llm)
+
+
+def measure(workdir: Path, only: list[str] | None = None) -> int:
+    target, draft = shapes(workdir)
+    out = workdir / "measurements.jsonl"
+    done = set()
+    if out.exists():
+        rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+        by = {}
+        for r in rows:
+            by.setdefault(r["engine"], set()).add(r["batch_size"])
+        done = {e for e, bs in by.items() if bs >= set(BATCH_SIZES)}
+    status = 0
+    for case in engine_cases():
+        if case.label in done or (only and case.label not in only):
+            continue
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir",
+                               str(workdir), "--case", json.dumps(dataclasses.asdict(case))],
+                              start_new_session=True)
+        print(f"[measure] {case.label}: exit {proc.returncode} in {time.perf_counter() - t0:.0f} s", flush=True)
+        status = status or proc.returncode
+    return status
+
+
+# --------------------------------------------------------------------------------------------- analyze
+@dataclass
+class Point:
+    engine: str
+    method: str
+    k: int
+    acceptance: float
+    batch_size: int
+    measured: float  # decode speedup, baseline decode time / speculative decode time
+    predicted: float
+    low: float
+    high: float
+    drafted_fraction: float
+    realised_al: float | None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1.0
+
+
+def _decode_s(row: dict) -> float:
+    return statistics.median(r["wall_s"] - r["first_token_s"] for r in row["rounds"])
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def analyze(workdir: Path, out_json: Path | None = None) -> int:
+    from benchmarks.closed_loop import build_calibration, load_catalog
+    from advisor.costmodel import predict as predict_mod
+    from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
+
+    gpus, models = load_catalog()
+    gpu, target, draft = gpus["H200-SXM"], models[TARGET], models[DRAFT]
+    records = load_jsonl(workdir / "calibration.jsonl")
+    cal = build_calibration(records, gpu, target, draft=draft, draft_path=str(workdir / "shapes" / DRAFT),
+                            target_path=str(workdir / "shapes" / TARGET))
+    rows = load_jsonl(workdir / "measurements.jsonl")
+    base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
+    points: list[Point] = []
+    for r in rows:
+        if r["engine"] == "baseline" or r["batch_size"] not in base:
+            continue
+        rounds = r["rounds"]
+        drafts = sum(x["num_drafts"] for x in rounds)
+        acc = sum(x["num_accepted_tokens"] for x in rounds)
+        steps = sum(x["output_tokens"] - r["batch_size"] - x["num_accepted_tokens"] for x in rounds)
+        frac = min(1.0, drafts / steps) if steps else 0.0
+        k, a = r["k"], r["acceptance"]
+        per_pos = tuple(a ** (i + 1) for i in range(k))
+        scen = Scenario(
+            gpu="H200-SXM", target_model=TARGET,
+            speculator=Speculator(r["method"], DRAFT if r["method"] == "draft_model" else None, k),
+            workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]),
+            acceptance=AcceptanceInput(per_position=per_pos))
+        ans = predict_mod.predict(scen, gpus, models, calibration=cal, compare_methods=False)
+        sp = ans["speedup"]
+        points.append(Point(r["engine"], r["method"], k, a, r["batch_size"], base[r["batch_size"]] / _decode_s(r),
+                            sp["decode"], sp.get("decode_low", sp["low"]), sp.get("decode_high", sp["high"]), frac,
+                            (1 + acc / drafts) if drafts else None))
+    summary = summarise(points)
+    print(format_table(points))
+    print(json.dumps(summary, indent=1))
+    if out_json:
+        out_json.write_text(json.dumps({"summary": summary, "points": [dataclasses.asdict(p) | {"error": p.error}
+                                                                       for p in points]}, indent=1) + "\n")
+    return 0
+
+
+def summarise(points: list[Point]) -> dict:
+    errs = sorted(abs(p.error) for p in points)
+    signs = sum((p.predicted > 1) == (p.measured > 1) for p in points)
+    cover = sum(p.low <= p.measured <= p.high for p in points)
+    return {"points": len(points), "median_abs_error": errs[len(errs) // 2] if errs else None,
+            "sign_right": signs, "interval_coverage": cover / len(points) if points else None}
+
+
+def format_table(points: list[Point]) -> str:
+    lines = ["| engine | B | measured | predicted (interval) | error | drafted | realised AL |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for p in points:
+        al = f"{p.realised_al:.2f}" if p.realised_al else "-"
+        lines.append(f"| {p.engine} | {p.batch_size} | {p.measured:.2f}× | {p.predicted:.2f}× "
+                     f"({p.low:.2f}–{p.high:.2f}) | {100 * p.error:+.0f} % | {p.drafted_fraction:.2f} | {al} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("phase", choices=("calibrate", "measure", "analyze", "_engine"))
+    parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
+    parser.add_argument("--only", default=None, help="measure: comma-separated engine labels")
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out-json", type=Path, default=None)
+
+
+def main(args: argparse.Namespace) -> int:
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.phase == "calibrate":
+        return calibrate(args.workdir)
+    if args.phase == "measure":
+        return measure(args.workdir, args.only.split(",") if args.only else None)
+    if args.phase == "_engine":
+        target, draft = shapes(args.workdir)
+        _measure_engine(EngineCase(**json.loads(args.case)), target, draft, args.workdir / "measurements.jsonl")
+        return 0
+    return analyze(args.workdir, args.out_json)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cli_args(p)
+    raise SystemExit(main(p.parse_args()))
