@@ -45,19 +45,32 @@ CALIBRATION_ACCEPTANCE = 0.7
 
 @dataclass(frozen=True)
 class EngineCase:
+    """One engine: a baseline, or a (method, k) whose synthetic acceptance is set in turn to each of
+    ``acceptances`` (the rejection sampler's rate tensor is rewritten in place between them:
+    :func:`set_synthetic_rates`; an engine start costs ~80 s on the H200, a rate change nothing)."""
+
     label: str
     method: str | None  # None: baseline
     k: int = 0
-    acceptance: float | None = None
+    acceptances: tuple[float, ...] = ()
 
 
 def engine_cases() -> list[EngineCase]:
     cases = [EngineCase("baseline", None)]
     for method, ks in (("draft_model", (3, 5)), ("ngram", (3,))):
         for k in ks:
-            for a in ACCEPTANCES:
-                cases.append(EngineCase(f"{method}-k{k}-a{a:g}", method, k, a))
+            cases.append(EngineCase(f"{method}-k{k}", method, k, ACCEPTANCES))
     return cases
+
+
+def set_synthetic_rates(worker, conditional: list[float]) -> bool:
+    """Worker side (``LLM.collective_rpc``): pin new conditional per-position acceptance rates in the rejection
+    sampler of vLLM 0.24's model runner (``RejectionSampler.synthetic_conditional_rates``)."""
+    import torch
+
+    rates = worker.model_runner.rejection_sampler.synthetic_conditional_rates
+    rates.copy_(torch.tensor(conditional, dtype=rates.dtype, device=rates.device))
+    return True
 
 
 def catalog_row(name: str) -> dict:
@@ -135,10 +148,12 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path) -> Non
     cfg = gpu_probe_config(target, draft).resolved(on_gpu=True)
     settings = cfg.engine_settings(target)
     spec = None
+    acceptances: tuple[float | None, ...] = (None,)
     if case.method:
         d = DrafterSpec(case.method, case.k, model=draft if case.method == "draft_model" else None,
                         draft_sample_method=None)
-        spec = d.speculative_config(target, None if case.acceptance is None else synthetic_rates(case.acceptance, case.k))
+        acceptances = case.acceptances
+        spec = d.speculative_config(target, synthetic_rates(acceptances[0], case.k))
     llm, startup = start_engine(settings, spec)
     rng = random.Random(7)
     copy = case.method == "ngram"
@@ -147,33 +162,41 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path) -> Non
     try:
         llm.generate(_random_prompts(8, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
         with out.open("a") as f:
-            for b in BATCH_SIZES:
-                llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
-                rounds = []
-                for _ in range(2):
-                    t0 = time.perf_counter()
-                    llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), one, use_tqdm=False)
-                    t1 = time.perf_counter() - t0
-                    c0 = read_spec_counters(llm)
-                    t0 = time.perf_counter()
-                    outs = llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many,
-                                        use_tqdm=False)
-                    tn = time.perf_counter() - t0
-                    d = read_spec_counters(llm) - c0
-                    rounds.append({"first_token_s": t1, "wall_s": tn,
-                                   "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-                                   "num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
-                                   "num_accepted_tokens": d.num_accepted_tokens,
-                                   "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
-                                   "iteration_tokens": d.iteration_tokens})
-                row = {"engine": case.label, "method": case.method, "k": case.k, "acceptance": case.acceptance,
-                       "batch_size": b, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
-                       "startup_s": startup, "speculative_config": spec, "rounds": rounds,
-                       "gpu_name": env.get("gpu_name"), "vllm_version": env.get("vllm_version")}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                dec = statistics.median(r["wall_s"] - r["first_token_s"] for r in rounds)
-                print(f"[{case.label}] B={b}: decode {dec:.3f} s", file=sys.stderr, flush=True)
+            for i, acc in enumerate(acceptances):
+                label = case.label if acc is None else f"{case.label}-a{acc:g}"
+                if i > 0:
+                    try:
+                        llm.collective_rpc(set_synthetic_rates, args=([acc] * case.k,))
+                    except Exception as exc:  # keep the other measurements
+                        print(f"[{label}] cannot change the synthetic rates: {exc!r}", file=sys.stderr, flush=True)
+                        break
+                for b in BATCH_SIZES:
+                    llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
+                    rounds = []
+                    for _ in range(2):
+                        t0 = time.perf_counter()
+                        llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), one, use_tqdm=False)
+                        t1 = time.perf_counter() - t0
+                        c0 = read_spec_counters(llm)
+                        t0 = time.perf_counter()
+                        outs = llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many,
+                                            use_tqdm=False)
+                        tn = time.perf_counter() - t0
+                        d = read_spec_counters(llm) - c0
+                        rounds.append({"first_token_s": t1, "wall_s": tn,
+                                       "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                                       "num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
+                                       "num_accepted_tokens": d.num_accepted_tokens,
+                                       "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
+                                       "iteration_tokens": d.iteration_tokens})
+                    row = {"engine": label, "method": case.method, "k": case.k, "acceptance": acc,
+                           "batch_size": b, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                           "startup_s": startup, "speculative_config": spec, "rounds": rounds,
+                           "gpu_name": env.get("gpu_name"), "vllm_version": env.get("vllm_version")}
+                    f.write(json.dumps(row, default=str) + "\n")
+                    f.flush()
+                    dec = statistics.median(r["wall_s"] - r["first_token_s"] for r in rounds)
+                    print(f"[{label}] B={b}: decode {dec:.3f} s", file=sys.stderr, flush=True)
     finally:
         stop_engine(llm)
 
@@ -184,10 +207,12 @@ def measure(workdir: Path, only: list[str] | None = None) -> int:
     done = set()
     if out.exists():
         rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
-        by = {}
+        by: dict[str, set] = {}
         for r in rows:
             by.setdefault(r["engine"], set()).add(r["batch_size"])
-        done = {e for e, bs in by.items() if bs >= set(BATCH_SIZES)}
+        done = {c.label for c in engine_cases()
+                if all(by.get(lbl, set()) >= set(BATCH_SIZES)
+                       for lbl in ([c.label] if not c.method else [f"{c.label}-a{a:g}" for a in c.acceptances]))}
     status = 0
     for case in engine_cases():
         if case.label in done or (only and case.label not in only):
@@ -307,7 +332,9 @@ def main(args: argparse.Namespace) -> int:
         return measure(args.workdir, args.only.split(",") if args.only else None)
     if args.phase == "_engine":
         target, draft = shapes(args.workdir)
-        _measure_engine(EngineCase(**json.loads(args.case)), target, draft, args.workdir / "measurements.jsonl")
+        case = json.loads(args.case)
+        _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
+                        args.workdir / "measurements.jsonl")
         return 0
     return analyze(args.workdir, args.out_json)
 

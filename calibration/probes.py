@@ -852,7 +852,8 @@ def _run_engine_isolated(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts:
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"config": _config_dict(cfg), "engine": asdict(item), "environment": env, "prompts": prompts}, f)
+        json.dump({"config": _config_dict(cfg), "engine": asdict(item), "environment": env, "prompts": prompts}, f,
+                  default=str)
         plan_file = f.name
     proc = subprocess.Popen([sys.executable, "-m", "calibration.probes", "--engine-plan", plan_file],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -890,7 +891,7 @@ def _engine_plan_main(plan_file: str) -> int:
     rng = random.Random(hash((cfg.seed, item.label)) & 0xFFFFFFFF)
     try:
         run_engine(item, cfg, data["environment"], data["prompts"],
-                   lambda m: events.write(json.dumps({"measurement": asdict(m)}) + "\n"),
+                   lambda m: events.write(json.dumps({"measurement": asdict(m)}, default=str) + "\n"),
                    lambda msg: events.write(json.dumps({"tick": msg}) + "\n"), rng)
     except BaseException as exc:
         events.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
