@@ -363,6 +363,8 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     res_s = float(max(resident_sequences(mem0.kv_space_gb, mem0.kv_bytes_per_token_target
                                          + mem0.kv_bytes_per_token_draft, w.prompt_tokens, w.output_tokens,
                                          k_mem), 1))
+    if w.output_tokens == 1:  # the only token comes from prefill: the speculative engine never drafts, both are one
+        res_s = res_b
 
     # Concurrency: given (clients; those beyond the resident cap queue), or Little's law on a dense grid.
     saturated = False
@@ -378,6 +380,8 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
         rps = w.requests_per_second if w.requests_per_second is not None else 1.0
         conc_base, sat_b = _littles_law(dense, lat_b, rps, res_b)
         conc_spec, sat_s = _littles_law(dense, np.minimum(lat_s, lat_b * 1e9), rps, res_s)
+        if w.output_tokens == 1:
+            conc_spec, sat_s = conc_base, sat_b
         saturated = sat_b or sat_s
         conc_source = "input:requests_per_second" if w.requests_per_second is not None else "default"
 
@@ -487,9 +491,12 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
     pre_b = ttft_b + float(grid.prefill_interleave_base_s[0, ib, 0]) * ms
     pre_s = ttft_s + float(grid.prefill_interleave_spec_s[0, isp, 0]) * ms
     lat_b, lat_s = lat_base_l[ib] * ms, lat_spec_k[isp] * ms
+    # queueing (queued()): L(C) = L(B)·C/B, so the wait is L(C)·(1 − B/C)
+    wait_b = lat_b * (1.0 - min(conc_base, res_b) / conc_base)
+    wait_s = lat_s * (1.0 - min(conc_spec, res_s) / conc_spec)
     thr_b = conc_base * o / (lat_b / ms)
     thr_s = conc_spec * o / (lat_s / ms)
-    prefill_share = pre_b / lat_b
+    prefill_share = pre_b / (lat_b - wait_b)
     al = float(grid.al[0, 0, ki])
     tokens_per_cycle = float(grid.tokens_per_cycle[0, 0, ki])
     r = grid.per_position[0, :k]  # == per_position_rates(ctx.acceptance, w.temperature, k) (prefix of the scan)
@@ -586,8 +593,10 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
                         "resident_speculative": min(conc_spec, res_s), "queued": queued_b or queued_s},
         "tpot_ms": {"baseline": tpot_b, "speculative": tpot_s},
         "ttft_ms": {"baseline": ttft_b, "speculative": ttft_s},
-        "latency_ms": {"baseline": {"prefill": pre_b, "decode": lat_b - pre_b, "total": lat_b},
-                       "speculative": {"prefill": pre_s, "decode": lat_s - pre_s, "total": lat_s},
+        "latency_ms": {"baseline": {"prefill": pre_b, "decode": lat_b - pre_b - wait_b, "queue": wait_b,
+                                    "total": lat_b},
+                       "speculative": {"prefill": pre_s, "decode": lat_s - pre_s - wait_s, "queue": wait_s,
+                                       "total": lat_s},
                        "prefill_share": prefill_share},
         "throughput_tok_s": {"baseline": thr_b, "speculative": thr_s},
         "step_ms": {"decode": float(grid.step_base_s[0, isp, 0]) * ms, "cycle": float(grid.cycle_s[0, isp, ki]) * ms,
