@@ -228,8 +228,31 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timing-repeats", type=int, default=30, help="calls per timing measurement")
     parser.add_argument("--max-median-error", type=float, default=MEDIAN_ERROR_TARGET,
                         help="fail above this median |relative speedup error|, in- or out-of-sample (default 0.10)")
+    parser.add_argument("--overhead-sweep", metavar="CASE_ID",
+                        help="instead: the case's errors with vLLM's per-drafter-forward overhead at "
+                             "0.5/1/2/3 ms (how much of a miss a host overhead explains)")
     parser.add_argument("--min-coverage", type=float, default=COVERAGE_TARGET,
                         help="fail when the 5-95 %% interval covers fewer measurements (default 0.85)")
+
+
+def overhead_sweep(case: dict[str, Any], gpus: dict[str, cm.GpuSpec], models: dict[str, cm.ModelSpec],
+                   overheads_s: tuple[float, ...] = (5e-4, 1e-3, 2e-3, 3e-3)) -> list[tuple[float, list[Row]]]:
+    """The case's rows with the vLLM profile's per-drafter-forward overhead set to each value (restored after)."""
+    from dataclasses import replace
+
+    from advisor.costmodel import steptime
+
+    saved = steptime.ENGINE_PROFILES["vllm"]
+    out = []
+    try:
+        for overhead in overheads_s:
+            steptime.ENGINE_PROFILES["vllm"] = replace(saved, proposer_overhead_s=overhead)
+            steptime.default_step_time_params.cache_clear()
+            out.append((overhead, predict_case(case, gpus, models)[0]))
+    finally:
+        steptime.ENGINE_PROFILES["vllm"] = saved
+        steptime.default_step_time_params.cache_clear()
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -239,6 +262,15 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, KeyError, json.JSONDecodeError) as exc:
         print(f"validate: cannot read inputs: {exc}", file=sys.stderr)
         return 2
+    if args.overhead_sweep:
+        case = next((c for c in cases if c["id"] == args.overhead_sweep), None)
+        if case is None:
+            print(f"validate: no case '{args.overhead_sweep}'", file=sys.stderr)
+            return 2
+        for overhead, rows in overhead_sweep(case, gpus, models):
+            print(f"{overhead * 1e3:4.1f} ms per drafter forward: "
+                  + "  ".join(f"{r.label} {r.predicted:.2f} ({r.error * 100:+.0f} %)" for r in rows))
+        return 0
     rows: list[Row] = []
     seconds: list[float] = []
     for case in cases:

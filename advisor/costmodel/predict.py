@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -415,16 +416,24 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     return Prediction(finite_or_error(answer))
 
 
-def finite_or_error(answer: Any, path: str = "") -> Any:
+def finite_or_error(answer: Any) -> Any:
     """No NaN or infinity reaches an answer: a non-finite number is a CostModelError naming where it appeared."""
+    try:
+        json.dumps(answer, allow_nan=False, default=float)  # C-speed check; the walk below only runs to name the path
+    except ValueError:
+        _find_non_finite(answer)
+    return answer
+
+
+def _find_non_finite(answer: Any, path: str = "") -> Any:
     if isinstance(answer, float) and not math.isfinite(answer):
         raise CostModelError("scenario", f"the inputs give a non-finite {path or 'value'}; check them")
     if isinstance(answer, dict):
         for key, value in answer.items():
-            finite_or_error(value, f"{path}.{key}" if path else str(key))
-    elif isinstance(answer, list):
+            _find_non_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(answer, (list, tuple)):
         for i, value in enumerate(answer):
-            finite_or_error(value, f"{path}[{i}]")
+            _find_non_finite(value, f"{path}[{i}]")
     return answer
 
 

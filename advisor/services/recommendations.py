@@ -53,7 +53,7 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         prediction = costmodel.predict(scenario, gpu, target, draft, calibration=calibration,
                                        catalog_sources=sources)
     except costmodel.CostModelError as exc:
-        raise field_error(getattr(exc, "field", None) or "_schema", str(exc)) from None
+        raise field_error(getattr(exc, "field", None) or "_schema", getattr(exc, "message", None) or str(exc)) from None
     answer = prediction.to_dict()
     return answer, answer.get("calibration_run_id")
 

@@ -24,7 +24,7 @@ def test_answer_has_the_contract_keys(gpus, models, make_scenario):
         assert key in d, key
     assert set(d["speedup"]) >= {"expected", "low", "high"}
     assert d["speedup"]["low"] <= d["speedup"]["expected"] <= d["speedup"]["high"]
-    assert set(d["latency_ms"]["baseline"]) == {"prefill", "decode", "total"}
+    assert set(d["latency_ms"]["baseline"]) == {"prefill", "decode", "queue", "total"}
     for key in ("target_weights_gb", "draft_weights_gb", "kv_bytes_per_token_target", "kv_bytes_per_token_draft",
                 "kv_space_gb", "activation_reserve_gb", "headroom_gb", "max_concurrency_baseline",
                 "max_concurrency_speculative", "fits"):
