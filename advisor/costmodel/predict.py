@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fraction_at, model_from_input,
-                         per_position_rates)
+                         per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
 from .memory import MemoryReport, memory_report, resident_sequences
@@ -120,6 +120,7 @@ class Context:
     acceptance_source: str
     k_ref: int
     calibration_notes: tuple[str, ...] = ()  # why a calibration (or part of it) was not used
+    draft_fraction_given: bool = False  # acceptance.draft_fraction stated: not sampled
 
 
 def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str,
@@ -168,8 +169,8 @@ def _acceptance(s: Scenario, target: ModelSpec, draft: ModelSpec | None, calibra
             model = dataclasses.replace(model, draft_fraction=base.draft_fraction,  # from calibration or prior
                                         draft_fraction_logit=base.draft_fraction_logit,
                                         draft_fraction_temperature_slope=base.draft_fraction_temperature_slope)
-    elif measured is not None:
-        model, source = measured
+    elif measured is not None:  # measured on the probe prompts; the workload's prompts accept a little differently
+        model, source = with_transfer_spread(measured[0]), measured[1]
     else:
         model = prior_acceptance(method, structure, target, draft)
         source = model.source.split(";")[0]
@@ -206,7 +207,8 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
     acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
     return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
-                   t_pre, d_pre, step_source, acc, acc_source, k_ref, notes)
+                   t_pre, d_pre, step_source, acc, acc_source, k_ref, notes,
+                   s.acceptance is not None and s.acceptance.draft_fraction is not None)
 
 
 def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None) -> CycleSetup:
@@ -236,7 +238,7 @@ def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     StepSamples.with_overheads() draw from a fresh default_rng(MC_SEED), drawn once."""
     rng = np.random.default_rng(MC_SEED)
     z_acc, z_step = rng.standard_normal((samples, 3)), rng.standard_normal((samples, 3))
-    z_over = rng.standard_normal((samples, 4))
+    z_over = rng.standard_normal((samples, 5))
     z_acc.flags.writeable = z_step.flags.writeable = z_over.flags.writeable = False
     return z_acc, z_step, z_over
 
@@ -284,6 +286,8 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         r = per_position_rates(acc, temperature, width, coeffs)
         step = _step_samples(ctx.target_step, samples).with_overheads(ctx.target_step, ctx.draft_step, z_over)
     fraction = np.full(samples, draft_fraction_at(acc, temperature))
+    if samples > 1 and setup.method in COPY_DRAFTERS and not ctx.draft_fraction_given:
+        fraction = sample_draft_fraction(float(fraction[0]), z_over[:, 4])  # row 0 stays the point
     return evaluate_grid(setup, batch, ks, r, fraction, step)
 
 
