@@ -42,6 +42,7 @@ DATA_DIR = REPO_ROOT / "advisor" / "data"
 DEFAULT_CASES = DATA_DIR / "published_cases.json"
 MEDIAN_ERROR_TARGET = 0.10
 COVERAGE_TARGET = 0.85  # share of measurements inside the 5-95 % interval
+CLOSED_LOOP_RUN = REPO_ROOT / "benchmarks" / "data" / "closed_loop_2026-11-30.json"
 
 # dataset → (structure, prompt_tokens, output_tokens); lengths are the datasets' typical means.
 DATASETS: dict[str, tuple[str, int, int]] = {
@@ -231,6 +232,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overhead-sweep", metavar="CASE_ID",
                         help="instead: the case's errors with vLLM's per-drafter-forward overhead at "
                              "0.5/1/2/3 ms (how much of a miss a host overhead explains)")
+    parser.add_argument("--closed-loop", nargs="?", const=str(CLOSED_LOOP_RUN), metavar="RUN_JSON",
+                        help="instead: re-predict a CPU closed-loop run's held-out workloads from its calibration "
+                             "records and report interval coverage and median error against what it measured")
     parser.add_argument("--min-coverage", type=float, default=COVERAGE_TARGET,
                         help="fail when the 5-95 %% interval covers fewer measurements (default 0.85)")
 
@@ -255,6 +259,36 @@ def overhead_sweep(case: dict[str, Any], gpus: dict[str, cm.GpuSpec], models: di
     return out
 
 
+def closed_loop_coverage(run_path: Path) -> int:
+    """A closed-loop run re-predicted with today's cost model (benchmarks.closed_loop's own calibration and
+    prediction code) against its measured speedups: coverage of the 5-95 % interval and median |error|."""
+    import dataclasses
+
+    from benchmarks import closed_loop
+
+    run = json.loads(run_path.read_text(encoding="utf-8"))
+    records = [json.loads(line) for line in (REPO_ROOT / run["records"]).read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    gpu, target = closed_loop.load_catalog()
+    cal, _ = closed_loop.build_calibration(records, gpu, target)
+    errors, covered = [], 0
+    for case in closed_loop.workloads():
+        w = run["workloads"].get(case.name)
+        if w is None:
+            continue
+        pred = closed_loop.predict_case(dataclasses.replace(case, output_tokens=w["output_tokens"]),
+                                        w["prompt_tokens"], gpu, target, cal)
+        measured = w["measured_speedup"]
+        inside = pred["low"] <= measured <= pred["high"]
+        covered += inside
+        errors.append(abs(pred["speedup"] / measured - 1))
+        print(f"{case.name:<14} predicted {pred['speedup']:.2f} ({pred['low']:.2f}-{pred['high']:.2f})  measured "
+              f"{measured:.2f}  {'in' if inside else 'OUT':<3}  {pred['decision']}")
+    print(f"closed loop {run_path.name}: interval coverage {covered}/{len(errors)} = "
+          f"{covered / len(errors) * 100:.0f} %, median |error| {statistics.median(errors) * 100:.1f} %")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         cases = json.loads(Path(args.cases).read_text(encoding="utf-8"))["cases"]
@@ -262,6 +296,8 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, KeyError, json.JSONDecodeError) as exc:
         print(f"validate: cannot read inputs: {exc}", file=sys.stderr)
         return 2
+    if args.closed_loop:
+        return closed_loop_coverage(Path(args.closed_loop))
     if args.overhead_sweep:
         case = next((c for c in cases if c["id"] == args.overhead_sweep), None)
         if case is None:

@@ -62,3 +62,9 @@ def test_unreadable_cases_exit_2(tmp_path):
     parser = argparse.ArgumentParser()
     validate.add_cli_args(parser)
     assert validate.main(parser.parse_args(["--cases", str(tmp_path / "missing.json")])) == 2
+
+
+def test_closed_loop_run_is_re_predicted_with_its_coverage(capsys):
+    assert validate.closed_loop_coverage(validate.CLOSED_LOOP_RUN) == 0
+    out = capsys.readouterr().out
+    assert "interval coverage" in out and out.count("measured") == 9
