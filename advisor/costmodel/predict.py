@@ -357,19 +357,9 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     checks = check_draft(target, draft, s.speculator.method) if s.speculator.method in METHODS else []
     setup = _setup(ctx)
     context_tokens = w.prompt_tokens + w.output_tokens
-    k_mem = s.speculator.num_speculative_tokens or ctx.k_ref
-    mem0 = memory_report(gpu, target, ctx.draft, 1, context_tokens, s.weights_dtype, s.gpu_count,
-                         s.gpu_memory_utilization, s.vram_gb, k_mem)
+    mem0, res_b, res_s = _capacity(ctx)
     if mem0.max_concurrency_baseline < 1 or mem0.max_concurrency_speculative < 1:
         return Prediction(_infeasible(ctx, mem0, checks))
-    # Sequences resident at once (KV capacity at the mean in-flight context, max_num_seqs); more clients queue.
-    res_b = float(max(resident_sequences(mem0.kv_space_gb_baseline, mem0.kv_bytes_per_token_target, w.prompt_tokens,
-                                         w.output_tokens), 1))
-    res_s = float(max(resident_sequences(mem0.kv_space_gb, mem0.kv_bytes_per_token_target
-                                         + mem0.kv_bytes_per_token_draft, w.prompt_tokens, w.output_tokens,
-                                         k_mem), 1))
-    if w.output_tokens == 1:  # the only token comes from prefill: the speculative engine never drafts, both are one
-        res_s = res_b
 
     # Concurrency: given (clients; those beyond the resident cap queue), or Little's law on a dense grid.
     saturated = False
@@ -418,6 +408,23 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     answer = _assemble(ctx, grid, pct[:, 1:], batch, ib, isp, curve_idx, k, (expected, low, high), mem, checks,
                        conc_base, conc_spec, conc_source, saturated, compared, (res_b, res_s))
     return Prediction(finite_or_error(answer))
+
+
+def _capacity(ctx: Context) -> tuple[MemoryReport, float, float]:
+    """The memory budget for one sequence and the sequences resident at once without / with speculation (KV
+    capacity at the mean in-flight context, max_num_seqs); more clients queue."""
+    s, w = ctx.scenario, ctx.scenario.workload
+    k_mem = s.speculator.num_speculative_tokens or ctx.k_ref
+    mem = memory_report(ctx.gpu, ctx.target, ctx.draft, 1, w.prompt_tokens + w.output_tokens, s.weights_dtype,
+                        s.gpu_count, s.gpu_memory_utilization, s.vram_gb, k_mem)
+    res_b = float(max(resident_sequences(mem.kv_space_gb_baseline, mem.kv_bytes_per_token_target, w.prompt_tokens,
+                                         w.output_tokens), 1))
+    res_s = float(max(resident_sequences(mem.kv_space_gb, mem.kv_bytes_per_token_target
+                                         + mem.kv_bytes_per_token_draft, w.prompt_tokens, w.output_tokens,
+                                         k_mem), 1))
+    if w.output_tokens == 1:  # the only token comes from prefill: the speculative engine never drafts, both are one
+        res_s = res_b
+    return mem, res_b, res_s
 
 
 def finite_or_error(answer: Any) -> Any:
@@ -787,7 +794,12 @@ def speedup_point(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: Mo
     if scenario.workload.concurrency is None:
         raise CostModelError("workload.concurrency", "speedup_point needs a concurrency")
     ctx = _context(scenario, gpu, target, draft, calibration, None)
-    grid = _grid(ctx, _setup(ctx), ctx.acceptance, np.array([float(scenario.workload.concurrency)]), 1)
-    sp = grid.speedup[0, 0]
+    mem, res_b, res_s = _capacity(ctx)
+    if mem.max_concurrency_baseline < 1 or mem.max_concurrency_speculative < 1:
+        raise CostModelError("gpu_count", "the target (or target + drafter) does not fit: no deployment to compare")
+    c = float(scenario.workload.concurrency)
+    batch = np.array(sorted({c} | {x for x in (res_b, res_s) if x < c}))
+    grid = queued(_grid(ctx, _setup(ctx), ctx.acceptance, batch, 1), res_b, res_s)  # as predict(): queueing
+    sp = grid.speedup[0, -1]
     k = scenario.speculator.num_speculative_tokens
     return float(sp[k - 1] if k else sp.max())

@@ -135,6 +135,10 @@ def test_every_answer_keeps_the_invariants(sc):
         assert sp["low"] >= cm.GO_THRESHOLD
     if d["concurrency"]["queued"]:
         assert any("queue" in r for r in d["reasons"])
+    if sc.workload.concurrency is not None and sc.speculator.num_speculative_tokens:  # the sweep fast path agrees
+        draft = MODELS.get(sc.speculator.draft_model) if sc.speculator.draft_model else None
+        point = cm.speedup_point(sc, GPUS[sc.gpu], MODELS[sc.target_model], draft)
+        assert point == pytest.approx(sp["expected"], rel=1e-9)
 
 
 @settings(RUNS, max_examples=100)
