@@ -720,7 +720,8 @@ def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
     al_all = grid.al[:, 0, :].tolist()
     candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source)]
     for c in compared:
-        candidates.append((c.method, c.drafter, "default:synthesized head" if c.drafter is not None else "none",
+        candidates.append((c.method, c.drafter, "default:synthesized head (vLLM needs a head trained for this target)"
+                           if c.drafter is not None else "none",
                            c.acceptance.source.split(";")[0]))
     rows = []
     for (m, d, src, acc_source), sp, al in zip(candidates, sp_all, al_all):

@@ -84,13 +84,18 @@ def finite_numbers(value) -> bool:
 VLLM_NEEDS = {"draft_model": {"model"}, "eagle": {"model"}, "eagle3": {"model"},
               "ngram": {"prompt_lookup_min", "prompt_lookup_max"}, "suffix": set()}
 
-# Kept regressions (found by this suite while it was written): a 70B target on one 24 GB GPU (infeasible, no
-# speedup shown); one output token; equal per-position neighbours.
+# Kept regressions. Found by this suite while it was written: one output token with the drafter's memory making
+# requests queue (speedup 0.9999999, not 1) and one output token at a saturating arrival rate (1.017: the
+# speculative server held one sequence fewer). From the issue: a 70B target on one 24 GB GPU (infeasible: no
+# speedup shown), equal per-position neighbours (NaN fit).
 KEPT = [
+    cm.Scenario(gpu="A100-80GB-SXM", target_model="llama-3.1-8b-instruct",
+                speculator=cm.Speculator("draft_model", "llama-3.2-1b-instruct"),
+                workload=cm.Workload(1264, 1, 0.0, "code", concurrency=256)),
+    cm.Scenario(gpu="RTX-3090", target_model="llama-3.1-8b-instruct", speculator=cm.Speculator("ngram"),
+                workload=cm.Workload(511, 1, 0.0, "code", requests_per_second=6.0)),
     cm.Scenario(gpu="RTX-3090", target_model="llama-3-70b-instruct", speculator=cm.Speculator("ngram"),
                 workload=cm.Workload(512, 256, 0.0, "prose", concurrency=8)),
-    cm.Scenario(gpu="H100-SXM", target_model="llama-3.1-8b-instruct", speculator=cm.Speculator("ngram", None, 4),
-                workload=cm.Workload(512, 1, 0.0, "code", concurrency=1)),
     cm.Scenario(gpu="H100-SXM", target_model="llama-3.1-8b-instruct",
                 speculator=cm.Speculator("eagle", "eagle-llama-3.1-8b", 3),
                 workload=cm.Workload(64, 64, 0.0, "prose", concurrency=4),
@@ -103,6 +108,7 @@ KEPT = [
 @example(KEPT[0])
 @example(KEPT[1])
 @example(KEPT[2])
+@example(KEPT[3])
 def test_every_answer_keeps_the_invariants(sc):
     d = predict(sc)
     assert finite_numbers(d)
