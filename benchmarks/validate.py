@@ -17,7 +17,10 @@ Conventions (stated once, applied to every case):
 - k not stated → the k the advisor picks at the case's first (lowest-load) point, held fixed across the case;
   with a stated AL but no k (tree methods in Spec-Bench) → the method's reference depth REFERENCE_K;
 - "alpha~x" in an acceptance note is a stated i.i.d. per-token acceptance α: the AL it gives at the row's k,
-  (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023), is the input.
+  (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023), is the input;
+- an AL the case says was "derived" (from another run's α, not measured in that run) is not an input: the
+  method's prior, which holds that same measurement with its width, is used;
+- "al_counts": "all steps" (Spec-Bench's mean accepted tokens per decoding step) → ``draft_fraction`` 1.
 """
 from __future__ import annotations
 

@@ -543,7 +543,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
                       "tpot_ms_speculative": tpot_spec_k[i] * ms,
                       "fits": c <= mem.max_concurrency_speculative, "queued": c > res_s})
     # The band holding the workload's concurrency runs the answer's k (off if it loses there).
-    c_w = max(int(conc_spec), 1)
+    c_w = max(int(min(conc_spec, res_s)), 1)  # the batch vLLM runs there (the rest queue)
     bands = dict(zip(CURVE_CONCURRENCY, zip(best_ks, best_gain)))
     bands[c_w] = (k, sp_k[isp])
     points = sorted(bands)
