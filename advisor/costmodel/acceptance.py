@@ -12,14 +12,14 @@ from .types import AcceptanceInput, AcceptanceModel, CostModelError
 
 MAX_K = 16  # longest draft accepted as input
 SEARCH_K = 8  # longest draft the advisor searches when choosing k (vLLM examples use 1-7)
-INPUT_LOGIT_STD = 0.15
-LOGIT_LIMIT = 15.0
+INPUT_LOGIT_STD = 0.15  # shape uncertainty when a stated AL / acceptance rate is extrapolated to another k
+LOGIT_LIMIT = 15.0  # |logit| bound of a stated per-position fit (rates within 3e-7 of 0 or 1)
 # Transfer from the prompts acceptance was measured on to the workload's: a calibrated fit's intercept gets this
 # extra logit std, and a copy drafter's drafting fraction (how often the output repeats the prompt) is sampled with
 # this logit std around its fit or prior. Set from the CPU closed loop's held-out prompt sets (docs/closed-loop.md:
 # SQL drafted on 29 % of steps against 12 % predicted from the probe prompts, JSON 44 % against 19 %: ~1.1 logit).
 TRANSFER_LOGIT_STD = 0.3
-DRAFT_FRACTION_LOGIT_STD = 0.7  # |logit| bound of a stated per-position fit (rates within 3e-7 of 0 or 1)  # shape uncertainty when a stated AL / alpha is extrapolated to another k
+DRAFT_FRACTION_LOGIT_STD = 0.7
 
 
 def expected_tokens_iid(alpha: float, k: int) -> float:

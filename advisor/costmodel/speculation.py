@@ -140,10 +140,11 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
     if setup.method in MODEL_DRAFTERS and setup.draft is not None:
         one = forward_time_s(setup.draft, ds, batch, setup.tree_width, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
         eager = samples.eager_drafter * ds.eager_layer_overhead_s * setup.draft.num_layers
-        return ks * (ds.proposer_overhead_s * samples.proposer_scale + eager + one) + draft_sampling_s(ds, ks * batch * setup.tree_width,
-                                                                      setup.temperature)
+        per_forward = ds.proposer_overhead_s * samples.proposer_scale + eager + one
+        return ks * per_forward + draft_sampling_s(ds, ks * batch * setup.tree_width, setup.temperature)
     if setup.method == "medusa":
-        return ds.proposer_overhead_s * samples.proposer_scale + medusa_heads_time_s(setup.target, batch, samples.eta_bw) + 0.0 * ks
+        heads = medusa_heads_time_s(setup.target, batch, samples.eta_bw)
+        return ds.proposer_overhead_s * samples.proposer_scale + heads + 0.0 * ks
     per_seq = COPY_PROPOSER_S_PER_SEQ.get(setup.method, 0.0)
     return batch * per_seq + 0.0 * ks * draft_fraction
 
