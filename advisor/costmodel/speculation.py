@@ -65,7 +65,7 @@ class StepSamples:
 
     def with_overheads(self, target: StepTimeParams, draft: StepTimeParams, std_normal: np.ndarray) -> StepSamples:
         """Log-normal draws of the overheads (σ from the parameters) and whether the drafter runs eagerly (with the
-        draft's eager_probability), from std_normal (S, 4); row 0 = the point estimate (median, graph-captured)."""
+        draft's eager_probability), from std_normal (S, ≥ 4); row 0 = the point estimate (median, graph-captured)."""
         z = np.array(std_normal, dtype=float)
         z[0] = 0.0
         shape = (z.shape[0], 1, 1)
@@ -235,13 +235,13 @@ def queued(grid: Grid, resident_base: float, resident_spec: float) -> Grid:
     ``grid.batch`` must contain both caps where they are below its largest point."""
     c = grid.batch
 
-    def at(cap: float, base: bool) -> tuple[np.ndarray, np.ndarray]:
+    def at(cap: float) -> tuple[np.ndarray, np.ndarray]:
         b = np.minimum(c, max(cap, 1.0))
         idx = np.searchsorted(c, b)
         return idx, (c / b).reshape(1, -1, 1)
 
-    ib, wait_b = at(resident_base, True)
-    is_, wait_s = at(resident_spec, False)
+    ib, wait_b = at(resident_base)
+    is_, wait_s = at(resident_spec)
     return replace(
         grid, step_base_s=grid.step_base_s[:, ib], tpot_base_s=grid.tpot_base_s[:, ib],
         prefill_interleave_base_s=grid.prefill_interleave_base_s[:, ib],
