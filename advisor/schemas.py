@@ -71,13 +71,22 @@ class SpeculatorSchema(StrictSchema):
 
 
 class AcceptanceSchema(StrictSchema):
-    mean_acceptance_length = fields.Float(validate=validate.Range(min=1.0, max=17.0), allow_none=True,
-                                          metadata={"description": "AL = 1 + accepted/drafts (vLLM)."})
-    acceptance_rate = fields.Float(validate=validate.Range(min=0.0, max=1.0, max_inclusive=False), allow_none=True,
-                                   metadata={"description": "i.i.d. per-token acceptance alpha."})
+    """Measured acceptance in vLLM's words (docs/cost-model.md "Acceptance words"), at num_speculative_tokens k."""
+
+    mean_acceptance_length = fields.Float(
+        validate=validate.Range(min=1.0, max=17.0), allow_none=True,
+        metadata={"description": "vLLM's mean acceptance length AL = 1 + accepted/drafts (A/N), over the steps that "
+                                 "drafted, incl. the bonus token; for n-gram/suffix not tokens per step."})
+    acceptance_rate = fields.Float(
+        validate=validate.Range(min=0.0, max=1.0), allow_none=True,
+        metadata={"description": "vLLM's draft acceptance rate A/D, accepted over drafted tokens (AL = 1 + k·rate)."})
     per_position = fields.List(fields.Float(validate=validate.Range(min=0.0, max=1.0)),
                                validate=validate.Length(min=1, max=16), allow_none=True,
-                               metadata={"description": "r_i = P(first i+1 drafts accepted), non-increasing."})
+                               metadata={"description": "r_i = a_i/N = P(first i+1 drafts accepted), non-increasing."})
+    draft_fraction = fields.Float(
+        validate=validate.Range(min=0.0, max=1.0, min_inclusive=False), allow_none=True,
+        metadata={"description": "Share of decode steps that drafted (N / steps; n-gram finds no match on the "
+                                 "others). Default: calibration or prior (n-gram, suffix), 1 (model drafters)."})
 
     @validates_schema
     def _one_form(self, data: dict, **_: object) -> None:
@@ -147,16 +156,20 @@ class AnswerSchema(Schema):
 
     decision = fields.String(metadata={"enum": ["go", "no-go", "calibrate"]})
     reasons = fields.List(fields.String(), metadata={"description": "Why, with the numbers that decided."})
-    speedup = _obj("{expected, low, high, threshold, decode, interval}: end-to-end speedup and its interval.")
+    speedup = _obj("{expected, low, high, threshold, decode, interval}: end-to-end speedup and its interval "
+                   "(null when the deployment cannot exist).")
     num_speculative_tokens = fields.Integer(allow_none=True, metadata={"description": "k to run (given or best)."})
-    concurrency = _obj("{baseline, speculative, source, saturated}: requests in flight.")
+    concurrency = _obj("{baseline, speculative, source, saturated, resident_baseline, resident_speculative, queued}: "
+                       "requests offered, and those resident at once (KV capacity, max_num_seqs); the rest queue.")
     tpot_ms = _obj("{baseline, speculative}: time per output token.")
     ttft_ms = _obj("{baseline, speculative}: time to first token.")
     latency_ms = _obj("{baseline: {prefill, decode, total}, speculative: {…}, prefill_share}.")
     throughput_tok_s = _obj("{baseline, speculative}: output tokens/s per replica.")
     step_ms = _obj("{decode, verify, draft, cycle, verify_to_decode_ratio}.")
-    acceptance = _obj("{mean_acceptance_length, per_position, acceptance_rate, draft_fraction, source}.")
-    memory = _obj("Weights, KV bytes per token, KV space, max concurrency with/without drafter, fits.")
+    acceptance = _obj("{mean_acceptance_length (vLLM AL = 1 + A/N over drafting steps), acceptance_rate (A/D), "
+                      "per_position, draft_fraction, tokens_per_cycle (1 + draft_fraction·(AL − 1)), source}.")
+    memory = _obj("Weights, KV bytes per token, KV space, max concurrency with/without drafter, fits (all resident at "
+                  "full length), deployable (target + drafter + one sequence fit).")
     curve = fields.List(fields.Dict(), metadata={"description": "Speedup over concurrency with interval and best k."})
     break_even_concurrency = fields.Float(allow_none=True)
     dynamic_sd = fields.List(fields.List(fields.Integer()),

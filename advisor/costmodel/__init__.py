@@ -10,7 +10,8 @@ from .acceptance import (al_from_per_position, alpha_from_al, expected_tokens_ii
 from .checks import check_draft
 from .decision import GO_THRESHOLD, decide
 from .memory import kv_bytes_per_token, memory_report, weights_bytes
-from .predict import CURVE_CONCURRENCY, Prediction, dynamic_table, predict, speedup_point
+from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch, dynamic_table,
+                      predict, speedup_point)
 from .priors import prior_acceptance
 from .steptime import default_prefill_params, default_step_time_params, step_time_s
 from .types import (COST_MODEL_VERSION, ENGINES, METHODS, MODEL_KINDS, STRUCTURES, WEIGHTS_DTYPES,
@@ -19,6 +20,7 @@ from .types import (COST_MODEL_VERSION, ENGINES, METHODS, MODEL_KINDS, STRUCTURE
 
 __all__ = [
     "AcceptanceInput", "AcceptanceModel", "COST_MODEL_VERSION", "CURVE_CONCURRENCY", "Calibration",
+    "calibrated_acceptance", "calibration_mismatch",
     "CostModelError", "ENGINES", "GO_THRESHOLD", "GpuSpec", "Issue", "METHODS", "MODEL_KINDS", "ModelSpec",
     "Prediction", "PrefillParams", "STRUCTURES", "Scenario", "Slo", "Speculator", "StepTimeParams", "TcoLoad",
     "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",

@@ -34,6 +34,9 @@ def check_draft(target: ModelSpec, draft: ModelSpec | None, method: str) -> list
     if kinds and draft.kind not in kinds:
         issues.append(Issue("error", field, f"'{draft.name}' is a {draft.kind}; method '{method}' needs a "
                                             f"{' or '.join(kinds)}"))
+    if draft.kind in HEAD_KINDS and draft.hidden_size != target.hidden_size:  # a head reads the target's states
+        issues.append(Issue("error", field, f"'{draft.name}' was trained for a target with hidden size "
+                                            f"{draft.hidden_size}, not '{target.name}' ({target.hidden_size})"))
     if not same_tokenizer(target, draft):
         issues.append(Issue("error", field, (
             f"tokenizer mismatch: target '{target.name}' uses {target.tokenizer_family}/"

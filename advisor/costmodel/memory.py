@@ -150,3 +150,14 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
         fits_baseline=max_base >= max(need, 1), fits=max_spec >= max(need, 1),
         concurrency_lost=max(max_base - max_spec, 0),
     )
+
+
+def resident_sequences(kv_space_gb: float, kv_bytes_per_token: float, prompt_tokens: int, output_tokens: int,
+                       lookahead_tokens: int = 0) -> int:
+    """Sequences vLLM keeps in flight in a KV space (at most max_num_seqs). vLLM allocates KV blocks as tokens
+    arrive (PagedAttention, Kwon et al. 2023), so in steady state a sequence holds its prompt and on average half
+    its output (+ the lookahead slots of k drafts): N = KV space / ((P + O/2 + k)·KV bytes per token)."""
+    per_seq = (prompt_tokens + output_tokens / 2.0 + lookahead_tokens) * kv_bytes_per_token
+    if kv_space_gb <= 0 or per_seq <= 0:
+        return 0
+    return int(min(kv_space_gb * GB // per_seq, MAX_NUM_SEQS))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -10,15 +11,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fraction_at, model_from_input,
-                         per_position_rates)
+                         per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
-from .memory import MAX_NUM_SEQS, MemoryReport, memory_report
+from .memory import MemoryReport, memory_report, resident_sequences
 from .priors import prior_acceptance
-from .speculation import COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid
-from .steptime import default_prefill_params, default_step_time_params, engine_profile, forward_cost, with_engine
+from .speculation import COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued
+from .steptime import (default_prefill_params, default_step_time_params, engine_profile, forward_cost, with_engine,
+                       with_proposer_prior)
 from .tco import best_operating_point, tco_report
-from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceModel,
+from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceInput,
+                    AcceptanceModel,
                     Calibration, CostModelError, GpuSpec, ModelSpec, PrefillParams, Scenario, Slo, StepTimeParams,
                     acceptance_key)
 from .vllm_config import serve_flags, speculative_config
@@ -116,6 +119,8 @@ class Context:
     acceptance: AcceptanceModel
     acceptance_source: str
     k_ref: int
+    calibration_notes: tuple[str, ...] = ()  # why a calibration (or part of it) was not used
+    draft_fraction_given: bool = False  # acceptance.draft_fraction stated: not sampled
 
 
 def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str,
@@ -128,20 +133,52 @@ def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str,
     return default_step_time_params(gpu, engine), default_prefill_params(gpu, engine), "default"
 
 
+def calibration_mismatch(calibration: Calibration, s: Scenario, gpu: GpuSpec) -> tuple[str, ...]:
+    """Why a calibration run does not apply to a scenario (empty: it applies). A fit measured at another weights
+    dtype, tensor-parallel size or engine mode is never substituted (unrecorded conditions are not checked)."""
+    out = []
+    if calibration.weights_dtype and calibration.weights_dtype != s.weights_dtype:
+        out.append(f"measured {calibration.weights_dtype} weights, not {s.weights_dtype}")
+    if calibration.tensor_parallel_size and calibration.tensor_parallel_size != s.gpu_count:
+        out.append(f"measured at tensor-parallel size {calibration.tensor_parallel_size}, not {s.gpu_count}")
+    if calibration.engine_mode == "eager" and gpu.gpu_class != "cpu":
+        out.append("measured without CUDA graphs (enforce_eager); vLLM serves with them")
+    return tuple(out)
+
+
+def calibrated_acceptance(calibration: Calibration, method: str, drafter: str | None,
+                          structure: str) -> AcceptanceModel | None:
+    """The fit measured for exactly this method, drafter and structure, or None: never another drafter's fit."""
+    fit = calibration.acceptance.get(acceptance_key(method, drafter, structure))
+    if fit is None or fit.method != method or (fit.drafter or None) != (drafter or None):
+        return None
+    return fit
+
+
 def _acceptance(s: Scenario, target: ModelSpec, draft: ModelSpec | None, calibration: Calibration | None,
                 k_ref: int) -> tuple[AcceptanceModel, str]:
     method, structure = s.speculator.method, s.workload.structure
     drafter = draft.name if draft is not None and method not in COPY_DRAFTERS else None
-    given = s.acceptance
-    if given is not None and (given.mean_acceptance_length is not None or given.acceptance_rate is not None
-                              or given.per_position):
-        return model_from_input(given, k_ref, method, structure, drafter), "input"
-    if calibration is not None:
-        for key in (acceptance_key(method, drafter, structure), acceptance_key(method, None, structure)):
-            if key in calibration.acceptance:
-                return calibration.acceptance[key], f"calibration:{calibration.run_id}"
-    prior = prior_acceptance(method, structure, target, draft)
-    return prior, prior.source.split(";")[0]
+    fit = calibrated_acceptance(calibration, method, drafter, structure) if calibration is not None else None
+    measured = (fit, f"calibration:{calibration.run_id}") if fit is not None else None
+    given = s.acceptance or AcceptanceInput()
+    if given.mean_acceptance_length is not None or given.acceptance_rate is not None or given.per_position:
+        model, source = model_from_input(given, k_ref, method, structure, drafter), "input"
+        if method in COPY_DRAFTERS:  # a stated AL counts drafted steps only: how often a copy drafter finds a
+            base = measured[0] if measured else prior_acceptance(method, structure, target, draft)  # match comes
+            model = dataclasses.replace(model, draft_fraction=base.draft_fraction,  # from calibration or prior
+                                        draft_fraction_logit=base.draft_fraction_logit,
+                                        draft_fraction_temperature_slope=base.draft_fraction_temperature_slope)
+    elif measured is not None:  # measured on the probe prompts; the workload's prompts accept a little differently
+        model, source = with_transfer_spread(measured[0]), measured[1]
+    else:
+        model = prior_acceptance(method, structure, target, draft)
+        source = model.source.split(";")[0]
+    if given.draft_fraction is not None:  # stated: replaces the calibrated / prior fraction at every temperature
+        if not 0.0 < given.draft_fraction <= 1.0:
+            raise CostModelError("acceptance.draft_fraction", "must be in (0, 1]")
+        model = dataclasses.replace(model, draft_fraction=float(given.draft_fraction), draft_fraction_logit=None)
+    return model, source
 
 
 def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None,
@@ -151,15 +188,27 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     draft_source = f"catalog:{draft.name}" if draft is not None else "default"
     if method in COPY_DRAFTERS:
         draft, draft_source = None, "none"
-    elif method in ("eagle", "eagle3", "mtp") and draft is None:
-        draft = synthesized_head(target, {"eagle": "eagle_head", "eagle3": "eagle3_head", "mtp": "mtp_head"}[method])
-        draft_source = "default:synthesized head (one target layer)"
+    elif method == "mtp" and draft is None:  # vLLM's MTP runs the target's own multi-token-prediction layers
+        raise CostModelError("speculator.method", f"'{target.name}' has no MTP layers (no mtp_head for it in the "
+                                                  "catalog): vLLM cannot run method 'mtp' for this target")
+    elif method in ("eagle", "eagle3") and draft is None:  # vLLM needs a trained head: speculative_config "model"
+        raise CostModelError("speculator.method", f"method '{method}' needs an {method.upper()} head trained for "
+                                                  f"'{target.name}': name its catalog row in speculator.draft_model")
+    notes: tuple[str, ...] = ()
+    if calibration is not None:
+        mismatch = calibration_mismatch(calibration, s, gpu)
+        if mismatch:
+            notes = tuple(f"calibration run {calibration.run_id} not used: {m}" for m in mismatch)
+            calibration = None
     t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration)
-    d_step, d_pre, _ = _step_params(gpu, draft, s.engine, calibration)
+    d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
+    if not d_source.startswith("calibration"):  # the drafter's per-forward overhead is a wide prior until measured
+        d_step = with_proposer_prior(d_step, s.engine, method)
     k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
     acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
     return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
-                   t_pre, d_pre, step_source, acc, acc_source, k_ref)
+                   t_pre, d_pre, step_source, acc, acc_source, k_ref, notes,
+                   s.acceptance is not None and s.acceptance.draft_fraction is not None)
 
 
 def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None) -> CycleSetup:
@@ -183,13 +232,15 @@ def _k_max(ctx: Context) -> int:
 
 
 @lru_cache(maxsize=8)
-def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """The standard-normal draws of the seeded Monte Carlo (acceptance coefficients, then step-time parameters):
-    what sample_coefficients() and StepSamples.sample() draw from a fresh default_rng(MC_SEED), drawn once."""
+def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The standard-normal draws of the seeded Monte Carlo (acceptance coefficients, step-time parameters, then the
+    verify / proposer / per-sequence overheads): what sample_coefficients(), StepSamples.sample() and
+    StepSamples.with_overheads() draw from a fresh default_rng(MC_SEED), drawn once."""
     rng = np.random.default_rng(MC_SEED)
     z_acc, z_step = rng.standard_normal((samples, 3)), rng.standard_normal((samples, 3))
-    z_acc.flags.writeable = z_step.flags.writeable = False
-    return z_acc, z_step
+    z_over = rng.standard_normal((samples, 5))
+    z_acc.flags.writeable = z_step.flags.writeable = z_over.flags.writeable = False
+    return z_acc, z_step, z_over
 
 
 def _step_samples(params: StepTimeParams, samples: int) -> StepSamples:
@@ -219,21 +270,24 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
     k_max = _k_max(ctx)
     ks = np.arange(1, k_max + 1) if k is None else np.array([k])
     width = k_max if k is None else k  # r_i for i < k suffice; cumprod is a prefix scan, so values are unchanged
+    temperature = ctx.scenario.workload.temperature
     if samples == 1 and compared:  # point estimate of the scenario's method (row 0) and the compared methods
         accs = (acc,) + tuple(a for _, a in compared)
         coeffs = np.array([[a.logit_intercept, a.logit_position_slope, a.logit_temperature_slope] for a in accs])
-        r = per_position_rates(acc, ctx.scenario.workload.temperature, width, coeffs)  # row m from coeffs[m]
-        return evaluate_grid(setup, batch, ks, r, np.array([a.draft_fraction for a in accs]),
+        r = per_position_rates(acc, temperature, width, coeffs)  # row m from coeffs[m]
+        return evaluate_grid(setup, batch, ks, r, np.array([draft_fraction_at(a, temperature) for a in accs]),
                              StepSamples.point(ctx.target_step), drafters=(setup,) + tuple(c for c, _ in compared))
     if samples == 1:  # point estimate only
-        r = per_position_rates(acc, ctx.scenario.workload.temperature, width)[None, :]
+        r = per_position_rates(acc, temperature, width)[None, :]
         step = StepSamples.point(ctx.target_step)
     else:
-        z_acc, z_step = _mc_normals(samples)
+        z_acc, _, z_over = _mc_normals(samples)
         coeffs = coefficients_from_normals(acc, z_acc)
-        r = per_position_rates(acc, ctx.scenario.workload.temperature, width, coeffs)
-        step = _step_samples(ctx.target_step, samples)
-    fraction = np.full(samples, draft_fraction_at(acc, ctx.scenario.workload.temperature))
+        r = per_position_rates(acc, temperature, width, coeffs)
+        step = _step_samples(ctx.target_step, samples).with_overheads(ctx.target_step, ctx.draft_step, z_over)
+    fraction = np.full(samples, draft_fraction_at(acc, temperature))
+    if samples > 1 and setup.method in COPY_DRAFTERS and not ctx.draft_fraction_given:
+        fraction = sample_draft_fraction(float(fraction[0]), z_over[:, 4])  # row 0 stays the point
     return evaluate_grid(setup, batch, ks, r, fraction, step)
 
 
@@ -272,6 +326,14 @@ def _break_even(batch: Sequence[float], speedup: Sequence[float]) -> float | Non
     return None
 
 
+def table_k_at(table: list[list[int]], concurrency: float) -> int:
+    """The k vLLM runs at a batch of ``concurrency`` sequences under a dynamic-SD table (0 = off)."""
+    for lo, hi, k in table:
+        if lo <= concurrency < hi + 1:
+            return k
+    return table[-1][2] if table and concurrency >= table[-1][0] else 0
+
+
 def dynamic_table(points: list[int], best_k: list[int], gains: list[float]) -> list[list[int]]:
     """vLLM `num_speculative_tokens_per_batch_size`: [[lo, hi, k], …]; k = 0 (off) where no k gains."""
     rows: list[list[int]] = []
@@ -295,32 +357,37 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     checks = check_draft(target, draft, s.speculator.method) if s.speculator.method in METHODS else []
     setup = _setup(ctx)
     context_tokens = w.prompt_tokens + w.output_tokens
+    mem0, res_b, res_s = _capacity(ctx)
+    if mem0.max_concurrency_baseline < 1 or mem0.max_concurrency_speculative < 1:
+        return Prediction(_infeasible(ctx, mem0, checks))
 
-    # Concurrency: given, or Little's law on a dense point-estimate grid.
+    # Concurrency: given (clients; those beyond the resident cap queue), or Little's law on a dense grid.
     saturated = False
     if w.concurrency is not None:
         conc_base = conc_spec = float(w.concurrency)
         conc_source = "input"
     else:
-        mem0 = memory_report(gpu, target, ctx.draft, 1, context_tokens, s.weights_dtype, s.gpu_count,
-                             s.gpu_memory_utilization, s.vram_gb, ctx.k_ref)
-        cap = float(max(min(mem0.max_concurrency_baseline, MAX_NUM_SEQS), 1))
-        dense = np.unique(np.geomspace(1, max(cap, 1.0), 40).round(3))
+        dense = np.unique(np.geomspace(1, max(res_b, res_s, 1.0), 40).round(3))
         g1 = _grid(ctx, setup, ctx.acceptance, dense, 1)
         lat_b = g1.latency_base_s[0, :, 0]
         lat_s = g1.latency_spec_s[0].min(axis=-1) if s.speculator.num_speculative_tokens is None \
             else g1.latency_spec_s[0, :, s.speculator.num_speculative_tokens - 1]
         rps = w.requests_per_second if w.requests_per_second is not None else 1.0
-        conc_base, sat_b = _littles_law(dense, lat_b, rps, cap)
-        conc_spec, sat_s = _littles_law(dense, np.minimum(lat_s, lat_b * 1e9), rps, cap)
+        conc_base, sat_b = _littles_law(dense, lat_b, rps, res_b)
+        conc_spec, sat_s = _littles_law(dense, np.minimum(lat_s, lat_b * 1e9), rps, res_s)
+        if w.output_tokens == 1:
+            conc_spec, sat_s = conc_base, sat_b
         saturated = sat_b or sat_s
         conc_source = "input:requests_per_second" if w.requests_per_second is not None else "default"
 
-    batch = np.array(sorted(set(CURVE_CONCURRENCY) | {conc_base, conc_spec}), dtype=float)
+    top = max(max(CURVE_CONCURRENCY), conc_base, conc_spec)
+    caps = {c for c in (res_b, res_s) if c < top}  # queued() reads the grid at the caps
+    batch = np.array(sorted(set(CURVE_CONCURRENCY) | {conc_base, conc_spec} | caps), dtype=float)
     ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
     # Point estimate over every k: row 0 the scenario's method, rows 1.. the compared methods.
     compared = _compared(ctx) if compare_methods else ()
-    grid = _grid(ctx, setup, ctx.acceptance, batch, 1, compared=tuple((c.setup, c.acceptance) for c in compared))
+    grid = queued(_grid(ctx, setup, ctx.acceptance, batch, 1,
+                        compared=tuple((c.setup, c.acceptance) for c in compared)), res_b, res_s)
 
     # k: given, or the best expected end-to-end speedup at the workload's concurrency.
     sp_point = grid.latency_base_s[0, ib, 0] / grid.latency_spec_s[0, isp, :]  # (K,)
@@ -328,7 +395,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     # Monte Carlo draws (row 0 = the point estimate) at the chosen k only: the intervals are only asked there.
     # One percentile pass: column 0 = the workload (baseline at its concurrency vs speculation at its own), then
     # the curve's concurrencies.
-    mc = _grid(ctx, setup, ctx.acceptance, batch, samples, k)
+    mc = queued(_grid(ctx, setup, ctx.acceptance, batch, samples, k), res_b, res_s)
     curve_idx = [int(i) for i in np.searchsorted(batch, CURVE_CONCURRENCY)]
     lb, ls = mc.latency_base_s[:, :, 0], mc.latency_spec_s[:, :, 0]
     mc_sp = np.concatenate([(lb[:, ib] / ls[:, isp])[:, None], lb[:, curve_idx] / ls[:, curve_idx]], axis=1)
@@ -339,19 +406,96 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     mem = memory_report(gpu, target, ctx.draft, conc_spec, context_tokens, s.weights_dtype, s.gpu_count,
                         s.gpu_memory_utilization, s.vram_gb, k)
     answer = _assemble(ctx, grid, pct[:, 1:], batch, ib, isp, curve_idx, k, (expected, low, high), mem, checks,
-                       conc_base, conc_spec, conc_source, saturated, compared)
-    return Prediction(answer)
+                       conc_base, conc_spec, conc_source, saturated, compared, (res_b, res_s))
+    return Prediction(finite_or_error(answer))
+
+
+def _capacity(ctx: Context) -> tuple[MemoryReport, float, float]:
+    """The memory budget for one sequence and the sequences resident at once without / with speculation (KV
+    capacity at the mean in-flight context, max_num_seqs); more clients queue."""
+    s, w = ctx.scenario, ctx.scenario.workload
+    k_mem = s.speculator.num_speculative_tokens or ctx.k_ref
+    mem = memory_report(ctx.gpu, ctx.target, ctx.draft, 1, w.prompt_tokens + w.output_tokens, s.weights_dtype,
+                        s.gpu_count, s.gpu_memory_utilization, s.vram_gb, k_mem)
+    res_b = float(max(resident_sequences(mem.kv_space_gb_baseline, mem.kv_bytes_per_token_target, w.prompt_tokens,
+                                         w.output_tokens), 1))
+    res_s = float(max(resident_sequences(mem.kv_space_gb, mem.kv_bytes_per_token_target
+                                         + mem.kv_bytes_per_token_draft, w.prompt_tokens, w.output_tokens,
+                                         k_mem), 1))
+    if w.output_tokens == 1:  # the only token comes from prefill: the speculative engine never drafts, both are one
+        res_s = res_b
+    return mem, res_b, res_s
+
+
+def finite_or_error(answer: Any) -> Any:
+    """No NaN or infinity reaches an answer: a non-finite number is a CostModelError naming where it appeared."""
+    try:
+        json.dumps(answer, allow_nan=False, default=float)  # C-speed check; the walk below only runs to name the path
+    except ValueError:
+        _find_non_finite(answer)
+    return answer
+
+
+def _find_non_finite(answer: Any, path: str = "") -> Any:
+    if isinstance(answer, float) and not math.isfinite(answer):
+        raise CostModelError("scenario", f"the inputs give a non-finite {path or 'value'}; check them")
+    if isinstance(answer, dict):
+        for key, value in answer.items():
+            _find_non_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(answer, (list, tuple)):
+        for i, value in enumerate(answer):
+            _find_non_finite(value, f"{path}[{i}]")
+    return answer
+
+
+def _infeasible(ctx: Context, mem: MemoryReport, checks: list) -> dict[str, Any]:
+    """The answer for a deployment that cannot exist: why, first; no speedup, latency or cost for it."""
+    s = ctx.scenario
+    where = f"{s.gpu_count}× {ctx.gpu.name}" if s.gpu_count > 1 else ctx.gpu.name
+    usable = mem.usable_gb * s.gpu_count
+    if mem.max_concurrency_baseline < 1:
+        why = (f"the target alone does not fit: {ctx.target.name} {s.weights_dtype} weights "
+               f"{mem.target_weights_gb:.1f} GB + runtime {mem.activation_reserve_gb:.1f} GB + one sequence's KV "
+               f"exceed the {usable:.1f} GB usable on {where}; use more GPUs (gpu_count) or smaller weights")
+    else:
+        why = (f"the drafter does not fit: draft weights {mem.draft_weights_gb:.1f} GB + both KV caches for one "
+               f"sequence of {mem.context_tokens} tokens exceed what the target leaves of {usable:.1f} GB on {where}")
+    none3 = {"baseline": None, "speculative": None}
+    answer: dict[str, Any] = {
+        "decision": "no-go", "reasons": [why] + [f"{i.severity}: {i.message}" for i in checks],
+        "speedup": {"expected": None, "low": None, "high": None, "threshold": GO_THRESHOLD, "decode": None,
+                    "interval": f"{INTERVAL[0]:g}-{INTERVAL[1]:g} percentile"},
+        "num_speculative_tokens": None,
+        "concurrency": {**none3, "source": "input" if s.workload.concurrency is not None else "default",
+                        "saturated": False, "resident_baseline": mem.max_concurrency_baseline,
+                        "resident_speculative": mem.max_concurrency_speculative, "queued": False},
+        "tpot_ms": dict(none3), "ttft_ms": dict(none3),
+        "latency_ms": {"baseline": None, "speculative": None, "prefill_share": None},
+        "throughput_tok_s": dict(none3), "step_ms": None, "acceptance": None,
+        "memory": {**mem.to_dict(), "kv_space_gb": mem.kv_space_gb, "fits": False, "deployable": False},
+        "curve": [], "break_even_concurrency": None, "dynamic_sd": [], "methods": [], "tco": None,
+        "vllm": {"speculative_config": None, "serve_flags": None},
+        "checks": [i.to_dict() for i in checks], "sources": dict(ctx.catalog_sources),
+        "cost_model_version": COST_MODEL_VERSION,
+        "calibration_run_id": ctx.calibration.run_id if ctx.calibration is not None else None,
+    }
+    answer["provenance"] = {"decision": f"catalog:{ctx.target.name}", "reasons": f"catalog:{ctx.target.name}",
+                            "memory.usable_gb": "input" if s.vram_gb is not None else f"catalog:{ctx.gpu.name}",
+                            "memory.target_weights_gb": f"catalog:{ctx.target.name}",
+                            "memory.draft_weights_gb": ctx.draft_source}
+    return answer
 
 
 def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray, ib: int, isp: int,
               curve_idx: list[int], k: int, speedup: tuple[float, float, float], mem: MemoryReport, checks: list,
               conc_base: float, conc_spec: float, conc_source: str, saturated: bool,
-              compared: tuple[Compared, ...]) -> dict[str, Any]:
+              compared: tuple[Compared, ...], resident: tuple[float, float]) -> dict[str, Any]:
     """grid: point estimate over (1 + compared methods, nB, k_max); curve_pct: (2, len(CURVE_CONCURRENCY))
     Monte Carlo percentiles of the speedup at the chosen k."""
     s, w = ctx.scenario, ctx.scenario.workload
     ki = k - 1
     expected, low, high = speedup
+    res_b, res_s = resident
     o = w.output_tokens
     ms = 1e3
     # Point-estimate arrays as Python lists (one conversion each; indexing numpy scalars is slow).
@@ -367,19 +511,24 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
     pre_b = ttft_b + float(grid.prefill_interleave_base_s[0, ib, 0]) * ms
     pre_s = ttft_s + float(grid.prefill_interleave_spec_s[0, isp, 0]) * ms
     lat_b, lat_s = lat_base_l[ib] * ms, lat_spec_k[isp] * ms
+    # queueing (queued()): L(C) = L(B)·C/B, so the wait is L(C)·(1 − B/C)
+    wait_b = lat_b * (1.0 - min(conc_base, res_b) / conc_base)
+    wait_s = lat_s * (1.0 - min(conc_spec, res_s) / conc_spec)
     thr_b = conc_base * o / (lat_b / ms)
     thr_s = conc_spec * o / (lat_s / ms)
-    prefill_share = pre_b / lat_b
+    prefill_share = pre_b / (lat_b - wait_b)
     al = float(grid.al[0, 0, ki])
+    tokens_per_cycle = float(grid.tokens_per_cycle[0, 0, ki])
     r = grid.per_position[0, :k]  # == per_position_rates(ctx.acceptance, w.temperature, k) (prefix of the scan)
     verify_isp, draft_isp = float(grid.verify_s[0, isp, ki]), float(grid.draft_s[0, isp, ki])
     verify_ratio = verify_isp / (step_base_l[isp] - s_fixed(ctx))
     draft_ratio = draft_isp / max(k, 1) / step_base_l[isp]
 
     # Curve over concurrency at the chosen k, plus the best k per point.
+    # vLLM caps the dynamic table's entries at num_speculative_tokens: the best k per point is searched up to k.
     sp_k = sp[:, ki].tolist()
-    best_k_all = (np.argmax(sp, axis=1) + 1).tolist()
-    sp_best_all = sp.max(axis=1).tolist()  # == sp[i, argmax]
+    best_k_all = (np.argmax(sp[:, :k], axis=1) + 1).tolist()
+    sp_best_all = sp[:, :k].max(axis=1).tolist()  # == sp[i, argmax]
     lows, highs = curve_pct.tolist()
     curve, best_ks, best_gain, fixed_curve = [], [], [], []
     for j, (c, i) in enumerate(zip(CURVE_CONCURRENCY, curve_idx)):
@@ -392,8 +541,13 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
                       "best_k": bk, "speedup_best_k": sp_best_all[i],
                       "tpot_ms_baseline": tpot_base_l[i] * ms,
                       "tpot_ms_speculative": tpot_spec_k[i] * ms,
-                      "fits": c <= mem.max_concurrency_speculative})
-    table = dynamic_table(list(CURVE_CONCURRENCY), best_ks, best_gain)
+                      "fits": c <= mem.max_concurrency_speculative, "queued": c > res_s})
+    # The band holding the workload's concurrency runs the answer's k (off if it loses there).
+    c_w = max(int(min(conc_spec, res_s)), 1)  # the batch vLLM runs there (the rest queue)
+    bands = dict(zip(CURVE_CONCURRENCY, zip(best_ks, best_gain)))
+    bands[c_w] = (k, sp_k[isp])
+    points = sorted(bands)
+    table = dynamic_table(points, [bands[p][0] for p in points], [bands[p][1] for p in points])
     break_even = _break_even(CURVE_CONCURRENCY, fixed_curve)
 
     # TCO: baseline vs speculation with the dynamic table (k per band, off where it loses), each at its own best
@@ -406,9 +560,12 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
         slo, slo_source, idx = Slo(latency_ms=lat_b), IMPLICIT_SLO_SOURCE, list(range(len(batch)))
     conc = batch[idx]
     lat_curve_b = lat_base[idx]
-    lat_curve_s = np.minimum(lat_spec[idx].min(axis=-1), lat_curve_b)
     tpot_curve_b = grid.tpot_base_s[0, idx, 0] * ms
-    tpot_curve_s = np.minimum(grid.tpot_spec_s[0, idx, :].min(axis=-1) * ms, tpot_curve_b)
+    table_k = np.array([table_k_at(table, c) for c in conc])  # what vLLM runs at each concurrency (0 = off)
+    on = table_k > 0
+    kk = np.maximum(table_k, 1) - 1
+    lat_curve_s = np.where(on, lat_spec[idx, kk], lat_curve_b)
+    tpot_curve_s = np.where(on, grid.tpot_spec_s[0, idx, kk] * ms, tpot_curve_b)
     points = {
         "baseline": best_operating_point(conc, conc * o / lat_curve_b, tpot_curve_b, lat_curve_b * ms,
                                          np.full(len(conc), ttft_b), mem.max_concurrency_baseline, slo),
@@ -429,8 +586,14 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
     # Decision.
     blocking = tuple(i.message for i in checks if i.severity == "error")
     outside = _outside_calibration(ctx, conc_spec)
-    decision, why = decide(DecisionInput(low, high, mem.fits and mem.fits_baseline, blocking, outside))
+    decision, why = decide(DecisionInput(low, high, True, blocking, outside))  # (infeasible: _infeasible)
     reasons = list(why)
+    if o == 1:
+        reasons.append("one output token: it comes from prefill, so there is no decode to speculate on")
+    queued_b, queued_s = conc_base > res_b, conc_spec > res_s
+    if queued_b or queued_s:
+        reasons.append(f"concurrency {conc_spec:g} exceeds the {res_s:g} sequences whose KV fits with the drafter "
+                       f"({res_b:g} without): the others queue, and latency includes the wait")
     reasons += _reasons(ctx, k, al, expected, low, high, prefill_share, verify_ratio, draft_ratio, conc_spec, mem,
                         break_even, saturated, checks)
 
@@ -446,22 +609,24 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
                     "interval": f"{INTERVAL[0]:g}-{INTERVAL[1]:g} percentile"},
         "num_speculative_tokens": k,
         "concurrency": {"baseline": conc_base, "speculative": conc_spec, "source": conc_source,
-                        "saturated": saturated},
+                        "saturated": saturated, "resident_baseline": min(conc_base, res_b),
+                        "resident_speculative": min(conc_spec, res_s), "queued": queued_b or queued_s},
         "tpot_ms": {"baseline": tpot_b, "speculative": tpot_s},
         "ttft_ms": {"baseline": ttft_b, "speculative": ttft_s},
-        "latency_ms": {"baseline": {"prefill": pre_b, "decode": lat_b - pre_b, "total": lat_b},
-                       "speculative": {"prefill": pre_s, "decode": lat_s - pre_s, "total": lat_s},
+        "latency_ms": {"baseline": {"prefill": pre_b, "decode": lat_b - pre_b - wait_b, "queue": wait_b,
+                                    "total": lat_b},
+                       "speculative": {"prefill": pre_s, "decode": lat_s - pre_s - wait_s, "queue": wait_s,
+                                       "total": lat_s},
                        "prefill_share": prefill_share},
         "throughput_tok_s": {"baseline": thr_b, "speculative": thr_s},
         "step_ms": {"decode": float(grid.step_base_s[0, isp, 0]) * ms, "cycle": float(grid.cycle_s[0, isp, ki]) * ms,
                     "verify": float(grid.verify_s[0, isp, ki]) * ms, "draft": float(grid.draft_s[0, isp, ki]) * ms,
                     "verify_to_decode_ratio": verify_ratio},
         "acceptance": {"mean_acceptance_length": al, "per_position": [float(x) for x in r],
-                       "acceptance_rate": float((al - 1.0) / k),
+                       "acceptance_rate": float((al - 1.0) / k), "tokens_per_cycle": tokens_per_cycle,
                        "draft_fraction": draft_fraction_at(ctx.acceptance, w.temperature),
                        "temperature": w.temperature, "source": acc_source},
-        "memory": {**mem.to_dict(),
-                   "kv_space_gb": mem.kv_space_gb, "fits": mem.fits},
+        "memory": {**mem.to_dict(), "kv_space_gb": mem.kv_space_gb, "deployable": True},
         "curve": curve,
         "break_even_concurrency": break_even,
         "dynamic_sd": table,
@@ -511,12 +676,7 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
         out.append(f"one draft step costs {draft_ratio * 100:.0f} % of a target step")
     if break_even is not None:
         out.append(f"speculation stops paying off above concurrency {break_even:.0f}")
-    if not mem.fits_baseline:
-        out.append(f"target weights + KV exceed VRAM: max {mem.max_concurrency_baseline} sequences without drafter")
-    if not mem.fits:
-        out.append(f"draft + KV exceed VRAM: max {mem.max_concurrency_speculative} sequences with the drafter "
-                   f"vs {mem.max_concurrency_baseline} without at {mem.context_tokens} tokens")
-    elif mem.concurrency_lost > 0:
+    if mem.concurrency_lost > 0:
         out.append(f"drafter costs {mem.concurrency_lost} concurrent sequences of KV space "
                    f"({mem.max_concurrency_speculative} vs {mem.max_concurrency_baseline})")
     if saturated:
@@ -524,6 +684,7 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
     if ctx.acceptance_source.startswith("prior"):
         out.append("acceptance from published priors, not measured on your prompts: calibrate to narrow")
     out += [f"{i.severity}: {i.message}" for i in checks]
+    out += list(ctx.calibration_notes)
     return out
 
 
@@ -559,7 +720,8 @@ def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
     al_all = grid.al[:, 0, :].tolist()
     candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source)]
     for c in compared:
-        candidates.append((c.method, c.drafter, "default:synthesized head" if c.drafter is not None else "none",
+        candidates.append((c.method, c.drafter, "default:synthesized head (vLLM needs a head trained for this target)"
+                           if c.drafter is not None else "none",
                            c.acceptance.source.split(";")[0]))
     rows = []
     for (m, d, src, acc_source), sp, al in zip(candidates, sp_all, al_all):
@@ -633,7 +795,12 @@ def speedup_point(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: Mo
     if scenario.workload.concurrency is None:
         raise CostModelError("workload.concurrency", "speedup_point needs a concurrency")
     ctx = _context(scenario, gpu, target, draft, calibration, None)
-    grid = _grid(ctx, _setup(ctx), ctx.acceptance, np.array([float(scenario.workload.concurrency)]), 1)
-    sp = grid.speedup[0, 0]
+    mem, res_b, res_s = _capacity(ctx)
+    if mem.max_concurrency_baseline < 1 or mem.max_concurrency_speculative < 1:
+        raise CostModelError("gpu_count", "the target (or target + drafter) does not fit: no deployment to compare")
+    c = float(scenario.workload.concurrency)
+    batch = np.array(sorted({c} | {x for x in (res_b, res_s) if x < c}))
+    grid = queued(_grid(ctx, _setup(ctx), ctx.acceptance, batch, 1), res_b, res_s)  # as predict(): queueing
+    sp = grid.speedup[0, -1]
     k = scenario.speculator.num_speculative_tokens
     return float(sp[k - 1] if k else sp.max())

@@ -1,7 +1,8 @@
 """Acceptance priors per method × structure × temperature, from published measurements (wide intervals).
 
 Form (see AcceptanceModel): conditional acceptance at draft position i, temperature T:
-    c_i(T) = sigmoid(a + b·i + c·T),  r_i = Π_{j≤i} c_j,  AL(k) = 1 + f·Σ_{i<k} r_i   (f = fraction of steps that draft)
+    c_i(T) = sigmoid(a + b·i + c·T),  r_i = Π_{j≤i} c_j,  AL(k) = 1 + Σ_{i<k} r_i over drafting steps;
+    a fraction f of steps drafts at all (docs/cost-model.md "Acceptance words")
 Each base row gives c_0 at T=0 for prose-like chat, the per-position logit slope b and the temperature slope c.
 Structure offsets shift the intercept a. Prior std (logit) is wide on purpose: these are not the user's data.
 """

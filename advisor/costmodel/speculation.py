@@ -2,16 +2,19 @@
 
 T_cycle(B, k) = t_fixed + t_verify_extra + t_target(B, 1 + f·k·w) + t_draft(B, k) + B·t_seq   (design.md §3)
   (w = tree width: 1 for vLLM's chains; (verify tokens − 1)/k for SGLang/EAGLE/Medusa trees)
-TPOT_spec = T_cycle / AL(k),  AL(k) = 1 + f·Σ_{i<k} r_i                                  (design.md §2)
-L(B) = TTFT + (B − 1)·t_prefill_compute + O·TPOT(B)     closed loop: the other B−1 requests' prefills
-                                                          interleave with this request's decode (chunked prefill)
+TPOT_spec = T_cycle / τ(k),  τ(k) = 1 + f·Σ_{i<k} r_i tokens per cycle       (design.md §2; f = drafting fraction)
+L(B) = TTFT + (B − 1)·t_prefill_compute + (O − 1)·TPOT(B)   the first token comes from prefill; the other B−1
+                                                          requests' prefills interleave with this request's decode
+Queueing: at most B_max sequences are resident (KV capacity, max_num_seqs); with C > B_max clients the rest wait,
+L(C) = L(B_max)·C/B_max (Little's law at the throughput B_max·O/L(B_max)).
 Everything is vectorised: shape (S samples, nB concurrency points, nK draft lengths).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy.special import ndtr
 
 from .acceptance import cholesky_factor
 from .memory import EMBEDDING_BYTES_PER_PARAM
@@ -54,6 +57,24 @@ class StepSamples:
     eta_bw: np.ndarray
     eta_f: np.ndarray
     fixed_s: np.ndarray
+    # multiplicative draws of the verify, per-drafter-forward and per-sequence overheads (log-normal, median 1)
+    verify_scale: np.ndarray | float = 1.0
+    proposer_scale: np.ndarray | float = 1.0
+    sequence_scale: np.ndarray | float = 1.0
+    eager_drafter: np.ndarray | float = 0.0  # 1 where the drafter runs without CUDA graphs
+
+    def with_overheads(self, target: StepTimeParams, draft: StepTimeParams, std_normal: np.ndarray) -> StepSamples:
+        """Log-normal draws of the overheads (σ from the parameters) and whether the drafter runs eagerly (with the
+        draft's eager_probability), from std_normal (S, ≥ 4); row 0 = the point estimate (median, graph-captured)."""
+        z = np.array(std_normal, dtype=float)
+        z[0] = 0.0
+        shape = (z.shape[0], 1, 1)
+        scale = np.exp(z[:, :3] * np.array([target.verify_overhead_log_std, draft.proposer_overhead_log_std,
+                                            target.per_sequence_overhead_log_std]))
+        eager = (ndtr(z[:, 3]) < draft.eager_probability).astype(float)
+        eager[0] = 0.0
+        return replace(self, verify_scale=scale[:, 0].reshape(shape), proposer_scale=scale[:, 1].reshape(shape),
+                       sequence_scale=scale[:, 2].reshape(shape), eager_drafter=eager.reshape(shape))
 
     @staticmethod
     def point(params: StepTimeParams) -> StepSamples:
@@ -83,7 +104,8 @@ class Grid:
 
     batch: np.ndarray  # (nB,)
     ks: np.ndarray  # (nK,)
-    al: np.ndarray  # (S, 1, nK)
+    al: np.ndarray  # (S, 1, nK) mean acceptance length over drafted steps, vLLM's 1 + A/N = 1 + Σ_{i<k} r_i
+    tokens_per_cycle: np.ndarray  # (S, 1, nK) τ = 1 + f·Σ_{i<k} r_i, over all cycles (f = drafting fraction)
     step_base_s: np.ndarray  # (S, nB, 1) target decode step
     cycle_s: np.ndarray  # (S, nB, nK)
     verify_s: np.ndarray  # (S, nB, nK) target forward over 1+f·k tokens incl. verify overhead
@@ -117,10 +139,12 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
     ds = setup.draft_step
     if setup.method in MODEL_DRAFTERS and setup.draft is not None:
         one = forward_time_s(setup.draft, ds, batch, setup.tree_width, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
-        return ks * (ds.proposer_overhead_s + one) + draft_sampling_s(ds, ks * batch * setup.tree_width,
-                                                                      setup.temperature)
+        eager = samples.eager_drafter * ds.eager_layer_overhead_s * setup.draft.num_layers
+        per_forward = ds.proposer_overhead_s * samples.proposer_scale + eager + one
+        return ks * per_forward + draft_sampling_s(ds, ks * batch * setup.tree_width, setup.temperature)
     if setup.method == "medusa":
-        return ds.proposer_overhead_s + medusa_heads_time_s(setup.target, batch, samples.eta_bw) + 0.0 * ks
+        heads = medusa_heads_time_s(setup.target, batch, samples.eta_bw)
+        return ds.proposer_overhead_s * samples.proposer_scale + heads + 0.0 * ks
     per_seq = COPY_PROPOSER_S_PER_SEQ.get(setup.method, 0.0)
     return batch * per_seq + 0.0 * ks * draft_fraction
 
@@ -132,7 +156,8 @@ def _rows(x, rows: int) -> np.ndarray:
 
 def _spec_prefill(setup: CycleSetup, ttft_base, inter_base, b: np.ndarray, samples: StepSamples):
     """Own TTFT and the others' interleaved prefills with speculation: a drafter model prefills the prompt too."""
-    if setup.method in MODEL_DRAFTERS and setup.draft is not None:
+    if setup.method in MODEL_DRAFTERS and setup.draft is not None and setup.output_tokens > 1:
+        # (one output token: the request ends at prefill, the drafter never proposes for it)
         p = setup.prompt_tokens
         ttft_spec = ttft_base + prefill_time_s(setup.draft, setup.draft_prefill, setup.draft_step, p) \
             - setup.draft_prefill.fixed_overhead_s  # same engine step: one fixed overhead
@@ -160,7 +185,8 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
     ts = setup.target_step
     cum = np.zeros((rows, per_position.shape[1] + 1))  # Σ_{i<j} r_i for j = 0..K_max
     np.cumsum(per_position, axis=1, out=cum[:, 1:])
-    al = 1.0 + f * cum[:, np.asarray(ks, dtype=int)][:, None, :]  # AL(k) = 1 + f·Σ_{i<k} r_i
+    al = 1.0 + cum[:, np.asarray(ks, dtype=int)][:, None, :]  # AL(k) = 1 + Σ_{i<k} r_i over drafted steps
+    tokens = 1.0 + f * (al - 1.0)  # τ(k) = 1 + f·Σ_{i<k} r_i per cycle
 
     if drafters is None:
         width = setup.tree_width
@@ -187,17 +213,39 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
         for i, d in enumerate(drafters):  # row assignment broadcasts each row's (1, ·, ·) result
             draft[i] = drafter_time_s(d, b, k, ctx, samples, f[i:i + 1])[0]
             ttft_spec[i], inter_spec[i] = _spec_prefill(d, ttft_base, inter_base, b, samples)
-    verify = (ts.verify_overhead_s + fwd[:, :, 1:]  # + sampling at T > 0: per sequence and per draft position
-              + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature))
-    cycle = samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s
+    verify = (ts.verify_overhead_s * samples.verify_scale + fwd[:, :, 1:]  # + sampling at T > 0: per sequence and
+              + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature))  # per draft position
+    cycle = samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s * samples.sequence_scale
     tpot_base = step_base
-    tpot_spec = cycle / al
+    tpot_spec = cycle / tokens
 
-    o = setup.output_tokens
-    latency_base = ttft_base + inter_base + o * tpot_base
-    latency_spec = ttft_spec + inter_spec + o * tpot_spec
-    return Grid(batch=batch, ks=np.asarray(ks), al=al, step_base_s=step_base,
+    decode_tokens = setup.output_tokens - 1  # the first output token comes from prefill
+    latency_base = ttft_base + inter_base + decode_tokens * tpot_base
+    latency_spec = ttft_spec + inter_spec + decode_tokens * tpot_spec
+    return Grid(batch=batch, ks=np.asarray(ks), al=al, tokens_per_cycle=tokens, step_base_s=step_base,
                 cycle_s=cycle, verify_s=verify, draft_s=draft, tpot_base_s=tpot_base, tpot_spec_s=tpot_spec,
                 ttft_base_s=_rows(ttft_base, rows), ttft_spec_s=_rows(ttft_spec, rows),
                 prefill_interleave_base_s=inter_base, prefill_interleave_spec_s=inter_spec,
                 latency_base_s=latency_base, latency_spec_s=latency_spec, per_position=per_position)
+
+
+def queued(grid: Grid, resident_base: float, resident_spec: float) -> Grid:
+    """The grid as a function of offered concurrency C when at most ``resident_*`` sequences fit (KV capacity,
+    max_num_seqs): each mode runs min(C, B_max) sequences and the rest queue, L(C) = L(B)·C/B with B = min(C, B_max).
+    ``grid.batch`` must contain both caps where they are below its largest point."""
+    c = grid.batch
+
+    def at(cap: float) -> tuple[np.ndarray, np.ndarray]:
+        b = np.minimum(c, max(cap, 1.0))
+        idx = np.searchsorted(c, b)
+        return idx, (c / b).reshape(1, -1, 1)
+
+    ib, wait_b = at(resident_base)
+    is_, wait_s = at(resident_spec)
+    return replace(
+        grid, step_base_s=grid.step_base_s[:, ib], tpot_base_s=grid.tpot_base_s[:, ib],
+        prefill_interleave_base_s=grid.prefill_interleave_base_s[:, ib],
+        latency_base_s=grid.latency_base_s[:, ib] * wait_b,
+        cycle_s=grid.cycle_s[:, is_], verify_s=grid.verify_s[:, is_], draft_s=grid.draft_s[:, is_],
+        tpot_spec_s=grid.tpot_spec_s[:, is_], prefill_interleave_spec_s=grid.prefill_interleave_spec_s[:, is_],
+        latency_spec_s=grid.latency_spec_s[:, is_] * wait_s)

@@ -41,7 +41,11 @@ ALLREDUCE_LATENCY_S = 8e-6  # NCCL small-message all-reduce latency within a nod
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """Per-engine host/launch overheads (documented defaults, not per-case constants)."""
+    """Per-engine host/launch overheads and their uncertainty: the one place step-time overheads are set.
+
+    Documented defaults, not per-case constants; a calibration run (or a measured engine profile for an engine
+    version on a GPU) replaces them. ``*_log_std`` are the σ of ln(overhead) sampled for the speedup interval.
+    """
 
     name: str
     fixed_overhead_s: float  # per engine step: scheduling, input prep, sampling, graph launch
@@ -51,22 +55,40 @@ class EngineProfile:
     per_sequence_overhead_s: float  # per sequence per spec cycle: host bookkeeping of drafts
     source: str
     tree_verify_tokens: int | None = None  # EAGLE trees by default: tokens verified per sequence per cycle
+    verify_overhead_log_std: float = 0.7  # rejection sampler 0.1-0.7 ms across versions and batch (vLLM #16937)
+    per_sequence_overhead_log_std: float = 0.7
+    # Per drafter forward, by method: 5-95 % of exp(±1.645σ) around proposer_overhead_s, 0.16-1.6 ms; host lookups
+    # of copy drafters are not sampled.
+    proposer_overhead_log_std: tuple[tuple[str, float], ...] = (
+        ("draft_model", 0.7), ("eagle", 0.7), ("eagle3", 0.7), ("mtp", 0.7), ("medusa", 0.7))
+    # A separate draft model may run without CUDA graphs: vLLM 0.24 runs it eagerly and without async scheduling
+    # (issue 8, measured on an H200: 8B + 1B-draft at high acceptance slower than no speculation); other versions
+    # capture graphs for it. Eagerly each drafter layer pays its ~10 kernel launches at 10-15 µs. Until a
+    # calibration or an engine profile says which, half of vLLM's interval draws run the drafter eagerly (the point
+    # estimate does not; SGLang captures graphs, the HF profile is eager throughout).
+    draft_model_eager_layer_s: float = 1.5e-4
+    draft_model_eager_probability: float = 0.0
+
+    def proposer_log_std(self, method: str) -> float:
+        return dict(self.proposer_overhead_log_std).get(method, 0.0)
 
 
 ENGINE_PROFILES: dict[str, EngineProfile] = {
     # vLLM V1 with CUDA graphs: ~0.5 ms CPU step overhead hidden partly by async scheduling (vLLM V1 blog 2025-01);
     # ~5 µs per layer = ~10 kernels at graph-replay floor. Drafter forwards ran eagerly in the 2025 V1 EAGLE /
     # draft-model proposers (per-step input prep + ~20 launches + argmax ≈ 0.5 ms; consistent with the ~1.1 ms per
-    # EAGLE draft step on H100 implied by vLLM PR #16937's k-sweep).
+    # EAGLE draft step on H100 implied by vLLM PR #16937's k-sweep, which is therefore an in-sample row).
     "vllm": EngineProfile("vllm", 6e-4, 5e-6, 2.5e-4, 5e-4, 2e-5,
-                          "vLLM V1 blog 2025-01 (CPU overhead), rejection sampler ~0.2 ms (vLLM #16937)"),
-    # SGLang: similar scheduler cost; EAGLE tree build / KV-slot bookkeeping per request per cycle ≈ 0.2 ms (the one
-    # published SGLang batch sweep, EAGLE-3 paper Table 3, shows cost growing ~linearly in batch below the ridge).
+                          "vLLM V1 blog 2025-01 (CPU overhead), rejection sampler ~0.2 ms (vLLM #16937)",
+                          draft_model_eager_probability=0.5),
+    # SGLang: similar scheduler cost; EAGLE tree build / KV-slot bookkeeping per request per cycle ≈ 0.2 ms (set
+    # from the one published SGLang batch sweep, EAGLE-3 paper Table 3: an in-sample row).
     # SGLang's EAGLE worker drafts a tree (topk > 1) and verifies --speculative-num-draft-tokens (8) per request.
     "sglang": EngineProfile("sglang", 6e-4, 5e-6, 3e-4, 5e-4, 2e-4,
                             "SGLang EAGLE worker: tree drafting, per-request bookkeeping; CUDA graphs", 8),
     # Hugging Face eager PyTorch (Spec-Bench): ~25 kernel launches + Python per layer ≈ 0.35 ms; the verify step's
-    # candidate generation, tree mask, posterior evaluation and accepted-path KV gather are ~200 small eager ops ≈ 3 ms.
+    # candidate generation, tree mask, posterior evaluation and accepted-path KV gather are ~200 small eager ops ≈ 3 ms
+    # (the 3 ms is set from Spec-Bench: an in-sample row).
     "hf": EngineProfile("hf", 2e-3, 3.5e-4, 3.0e-3, 5e-4, 0.0,
                         "eager PyTorch launch overhead ~10-15 µs per kernel (PyTorch profiler), Spec-Bench HF loop"),
 }
@@ -92,7 +114,8 @@ def default_step_time_params(gpu: GpuSpec, engine: str = "vllm") -> StepTimePara
         covariance=cov, source=f"default:{gpu.gpu_class}+{engine}",
         per_layer_overhead_s=prof.per_layer_overhead_s, roofline_sharpness=ROOFLINE_SHARPNESS,
         verify_overhead_s=prof.verify_overhead_s, proposer_overhead_s=prof.proposer_overhead_s,
-        per_sequence_overhead_s=prof.per_sequence_overhead_s)
+        per_sequence_overhead_s=prof.per_sequence_overhead_s, verify_overhead_log_std=prof.verify_overhead_log_std,
+        per_sequence_overhead_log_std=prof.per_sequence_overhead_log_std)
 
 
 @lru_cache(maxsize=256)
@@ -257,4 +280,16 @@ def with_engine(params: StepTimeParams, engine: str) -> StepTimeParams:
     prof = engine_profile(engine)
     return replace(params, fixed_overhead_s=prof.fixed_overhead_s, per_layer_overhead_s=prof.per_layer_overhead_s,
                    verify_overhead_s=prof.verify_overhead_s, proposer_overhead_s=prof.proposer_overhead_s,
-                   per_sequence_overhead_s=prof.per_sequence_overhead_s)
+                   per_sequence_overhead_s=prof.per_sequence_overhead_s,
+                   verify_overhead_log_std=prof.verify_overhead_log_std,
+                   per_sequence_overhead_log_std=prof.per_sequence_overhead_log_std)
+
+
+def with_proposer_prior(params: StepTimeParams, engine: str, method: str) -> StepTimeParams:
+    """A drafter's uncalibrated step parameters: the engine's prior spread on its per-forward overhead (and, for a
+    separate draft model, the chance that it runs eagerly)."""
+    prof = engine_profile(engine)
+    eager = method == "draft_model"
+    return replace(params, proposer_overhead_log_std=prof.proposer_log_std(method),
+                   eager_layer_overhead_s=prof.draft_model_eager_layer_s if eager else 0.0,
+                   eager_probability=prof.draft_model_eager_probability if eager else 0.0)

@@ -109,9 +109,19 @@ class Speculator:
 
 @dataclass(frozen=True)
 class AcceptanceInput:
-    mean_acceptance_length: float | None = None  # AL incl. bonus token, at num_speculative_tokens
-    acceptance_rate: float | None = None  # i.i.d. per-token alpha
-    per_position: tuple[float, ...] | None = None  # r_i = P(first i+1 drafts accepted)
+    """Measured acceptance, in vLLM's words (docs/cost-model.md "Acceptance words"), at num_speculative_tokens k:
+
+    mean_acceptance_length  AL = 1 + A/N over the steps that drafted (incl. the bonus token);
+    acceptance_rate         ρ = A/D, accepted over drafted tokens (so AL = 1 + k·ρ);
+    per_position            r_i = a_i/N = P(first i+1 drafts accepted);
+    draft_fraction          f = N / decode steps, the share of steps that drafted at all (n-gram / suffix find no
+                            match on the others); tokens per step τ = 1 + f·(AL − 1). Absent: calibration or prior.
+    """
+
+    mean_acceptance_length: float | None = None
+    acceptance_rate: float | None = None
+    per_position: tuple[float, ...] | None = None
+    draft_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,15 @@ class StepTimeParams:
     # Drafting at temperature > 0 (draft models sampling probabilistically, their probabilities kept for the
     # rejection sampler), per drafted token; greedy drafting and copy drafters: 0.
     draft_sampling_s_per_token: float = 0.0
+    # Log-normal spread (σ of ln) of the three host overheads a speculative cycle adds, sampled for the interval:
+    # engine-profile priors when uncalibrated (steptime.ENGINE_PROFILES), 0 when a calibration measured them.
+    verify_overhead_log_std: float = 0.0
+    proposer_overhead_log_std: float = 0.0
+    per_sequence_overhead_log_std: float = 0.0
+    # A drafter that may run without CUDA graphs: launch cost per layer per forward when it does, and the prior
+    # probability that it does (sampled for the interval; the point estimate is graph-captured).
+    eager_layer_overhead_s: float = 0.0
+    eager_probability: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,10 +256,17 @@ class Calibration:
     acceptance: dict[str, AcceptanceModel]  # by f"{method}|{drafter or ''}|{structure}"
     max_batch_calibrated: int
     temperature_range: tuple[float, float]
+    # What the run measured under (a fit applies only there; docs/calibration.md): weights dtype, tensor-parallel
+    # size and engine mode ("eager" | "graphs"); None = not recorded (older runs), not checked.
+    weights_dtype: str | None = None
+    tensor_parallel_size: int | None = None
+    engine_mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "hardware": self.hardware,
+            "weights_dtype": self.weights_dtype, "tensor_parallel_size": self.tensor_parallel_size,
+            "engine_mode": self.engine_mode,
             "step_time": {k: v.to_dict() for k, v in self.step_time.items()},
             "prefill": {k: v.to_dict() for k, v in self.prefill.items()},
             "acceptance": {k: v.to_dict() for k, v in self.acceptance.items()},
@@ -261,6 +287,9 @@ class Calibration:
             acceptance=conv(AcceptanceModel, data.get("acceptance")),
             max_batch_calibrated=int(data.get("max_batch_calibrated", 1)),
             temperature_range=(float(low), float(high)),
+            weights_dtype=data.get("weights_dtype"),
+            tensor_parallel_size=int(data["tensor_parallel_size"]) if data.get("tensor_parallel_size") else None,
+            engine_mode=data.get("engine_mode"),
         )
 
 

@@ -119,29 +119,83 @@ def record(run: CalibrationRun, update: dict[str, Any]) -> CalibrationRun:
     return run
 
 
-def calibration_for(hardware: str, target: str) -> costmodel.Calibration | None:
-    """The newest succeeded run on this hardware for this target, as the cost model's Calibration.
+def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | None = None,
+                    gpu: costmodel.GpuSpec | None = None) -> costmodel.Calibration | None:
+    """The newest succeeded run on this hardware for this target that applies to ``scenario``, as the cost
+    model's Calibration.
 
-    The cost model takes from it what applies: step-time fits of the models it times, acceptance fits
-    keyed by (method, drafter, structure)."""
-    run = db.session.scalar(
+    A run measured at another weights dtype, tensor-parallel size or engine mode is skipped (never substituted);
+    among the runs that apply, the newest one that measured the scenario's own method and drafter wins, else the
+    newest one. The cost model then takes only the fits keyed by what was measured (costmodel.predict)."""
+    runs = db.session.scalars(
         select(CalibrationRun)
         .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,
                CalibrationRun.status == "succeeded")
         .order_by(CalibrationRun.id.desc())
-        .limit(1)
+        .limit(50)
     )
-    return to_calibration(run) if run is not None else None
+    if scenario is None or gpu is None:
+        run = next(iter(runs), None)
+        return to_calibration(run) if run is not None else None
+    sp = scenario.speculator
+    drafter = None if sp.method in ("ngram", "suffix") else sp.draft_model
+    fallback = None
+    for run in runs:
+        cal = to_calibration(run)
+        if costmodel.calibration_mismatch(cal, scenario, gpu):
+            continue
+        if costmodel.calibrated_acceptance(cal, sp.method, drafter, scenario.workload.structure) is not None:
+            return cal
+        fallback = fallback or cal
+    return fallback
+
+
+DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16"}
+QUANTIZATIONS = {"fp8": "fp8", "awq": "int4", "gptq": "int4", "awq_marlin": "int4", "gptq_marlin": "int4"}
+
+
+def measured_conditions(config: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+    """Weights dtype, tensor-parallel size and engine mode a run measured under, from the engine settings its
+    probes recorded (else the request's); None where not recorded (e.g. dtype 'auto' = the checkpoint's)."""
+    settings = {**(config.get("engine") or {}), **(engine or {})}
+    dtype = config.get("weights_dtype") or QUANTIZATIONS.get(str(settings.get("quantization") or "").lower()) \
+        or DTYPES.get(str(settings.get("dtype") or "").lower())
+    eager = settings.get("enforce_eager")
+    return {"weights_dtype": dtype,
+            "tensor_parallel_size": int(settings["tensor_parallel_size"]) if settings.get("tensor_parallel_size")
+            else None,
+            "engine_mode": None if eager is None else ("eager" if eager else "graphs")}
+
+
+def measured_drafter(config: dict[str, Any], method: str, target: str) -> str | None:
+    """The drafter an acceptance fit was really measured with. A draft-model run without its own draft checkpoint
+    (``draft_model_path`` absent or 'self') had the target draft for itself: its fits belong to the target's own
+    name, never to the draft model the request named."""
+    if method in ("ngram", "suffix"):
+        return None
+    if method == "draft_model" and (config.get("draft_model_path") in (None, "", "self")):
+        return target
+    return config.get("draft_model")
 
 
 def to_calibration(run: CalibrationRun) -> costmodel.Calibration:
     by_kind: dict[str, dict[str, Any]] = {"step_time": {}, "prefill": {}, "acceptance": {}}
     for fit in run.fits:
-        by_kind.setdefault(fit.kind, {})[fit.key] = fit.params
+        params = fit.params
+        if fit.kind == "acceptance":  # keyed by what was measured (method, real drafter, structure)
+            method = params.get("method") or fit.key.split("|")[0]
+            drafter = measured_drafter(run.config, method, run.target_model)
+            structure = params.get("structure") or fit.key.split("|")[-1]
+            params = {**params, "method": method, "drafter": drafter, "structure": structure}
+            by_kind["acceptance"][costmodel.acceptance_key(method, drafter, structure)] = params
+            continue
+        by_kind.setdefault(fit.kind, {})[fit.key] = params
     temperatures = run.config.get("temperatures") or [0.0]
+    engine = next((m.params.get("engine") for m in run.measurements if (m.params or {}).get("engine")), {})
     return costmodel.Calibration.from_dict({
         "run_id": run.id, "hardware": run.hardware,
         "step_time": by_kind["step_time"], "prefill": by_kind["prefill"], "acceptance": by_kind["acceptance"],
         "max_batch_calibrated": max(run.config.get("batch_sizes") or [1]),
         "temperature_range": [min(temperatures), max(temperatures)],
+        **measured_conditions(run.config, engine),
     })

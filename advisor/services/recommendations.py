@@ -45,7 +45,7 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     for issue in costmodel.check_draft(target, draft, scenario.speculator.method):
         if issue.severity == "error":
             raise field_error(issue.field, issue.message)
-    calibration = calibrations.calibration_for(gpu.name, target.name)
+    calibration = calibrations.calibration_for(gpu.name, target.name, scenario, gpu)
     sources = {gpu.name: gpu_row.source, target.name: target_row.source}
     if draft_row is not None:
         sources[draft_row.name] = draft_row.source
@@ -53,7 +53,7 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         prediction = costmodel.predict(scenario, gpu, target, draft, calibration=calibration,
                                        catalog_sources=sources)
     except costmodel.CostModelError as exc:
-        raise field_error(getattr(exc, "field", None) or "_schema", str(exc)) from None
+        raise field_error(getattr(exc, "field", None) or "_schema", getattr(exc, "message", None) or str(exc)) from None
     answer = prediction.to_dict()
     return answer, answer.get("calibration_run_id")
 
@@ -70,7 +70,8 @@ def create(data: dict[str, Any]) -> Recommendation:
     rec = Recommendation(
         workload=workload, gpu=data["gpu"], target_model=data["target_model"], method=speculator["method"],
         draft_model=speculator.get("draft_model"), decision=answer["decision"],
-        expected_speedup=float(answer["speedup"]["expected"]), inputs=json.loads(canonical), answer=answer,
+        # a deployment that cannot exist has no speedup (null in the answer); the summary column stores 0
+        expected_speedup=float(answer["speedup"]["expected"] or 0.0), inputs=json.loads(canonical), answer=answer,
         cost_model_version=answer.get("cost_model_version", costmodel.COST_MODEL_VERSION),
         calibration_run_id=run_id,
     )

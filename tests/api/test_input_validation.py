@@ -51,7 +51,9 @@ CASES = [
     ("workload.colour", "blue", "workload.colour"),
     ("acceptance.mean_acceptance_length", 0.5, "acceptance.mean_acceptance_length"),
     ("acceptance.mean_acceptance_length", 3.5, "acceptance.mean_acceptance_length"),  # > k+1 = 3
-    ("acceptance.acceptance_rate", 1.0, "acceptance.acceptance_rate"),
+    ("acceptance.acceptance_rate", 1.5, "acceptance.acceptance_rate"),
+    ("acceptance.draft_fraction", 0.0, "acceptance.draft_fraction"),
+    ("acceptance.per_position", [0.5, float("nan")], "acceptance.per_position.1"),
     ("acceptance.per_position", [0.5, 0.7], "acceptance.per_position"),
     ("acceptance.per_position", [1.5], "acceptance.per_position.0"),
     ("gpu_hour_usd", -3, "gpu_hour_usd"), ("gpu_hour_usd", "cheap", "gpu_hour_usd"),
@@ -113,3 +115,11 @@ def test_unstorable_text_is_a_422_not_a_database_error(client, auth, method, url
     response = getattr(client, method)(url, json=body, headers=auth)
     assert response.status_code == 422, response.get_json()
     assert field in response.get_json()["error"]["fields"]
+
+
+@pytest.mark.parametrize("speculator", [{"method": "mtp"}, {"method": "mtp", "num_speculative_tokens": 1}])
+def test_a_method_the_target_cannot_run_is_a_422_naming_it(client, speculator):
+    """Issue 9: MTP on Llama-3.1-8B (no MTP layers) answered 'go 1.56×'."""
+    response = client.post("/v1/recommendations", json=example_scenario(speculator=speculator, acceptance=None))
+    assert response.status_code == 422
+    assert "speculator.method" in response.get_json()["error"]["fields"]

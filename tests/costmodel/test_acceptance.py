@@ -54,9 +54,27 @@ def test_al_from_per_position_is_one_plus_sum():
 
 
 def test_iid_model_reproduces_alpha_powers():
-    model = model_from_input(cm.AcceptanceInput(acceptance_rate=0.7), 4, "eagle", "prose", None)
+    al = cm.expected_tokens_iid(0.7, 4)  # the AL an i.i.d. α = 0.7 gives at k = 4
+    model = model_from_input(cm.AcceptanceInput(mean_acceptance_length=al), 4, "eagle", "prose", None)
     r = cm.per_position_rates(model, 0.0, 4)
     assert r == pytest.approx([0.7, 0.49, 0.343, 0.2401], rel=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_acceptance_rate_is_vllm_accepted_over_drafted(k):
+    """Issue 9: acceptance_rate means vLLM's A/D (not an i.i.d. α): AL = 1 + k·ρ at the stated k."""
+    model = model_from_input(cm.AcceptanceInput(acceptance_rate=0.6), k, "eagle", "prose", None)
+    r = cm.per_position_rates(model, 0.0, k)
+    assert float(cm.al_from_per_position(r, k)) == pytest.approx(1 + k * 0.6, abs=1e-6)
+    assert float(r.sum() / k) == pytest.approx(0.6, abs=1e-6)
+
+
+@pytest.mark.parametrize("rates", [[0.8, 0.8, 0.8], [1.0, 1.0], [0.5, 0.5, 0.2, 0.2], [0.0, 0.0], [1.0, 0.0]])
+def test_per_position_with_equal_neighbours_is_finite(rates):
+    """Issue 9: equal neighbours made the conditional rate 1 and its logit infinite (NaN fit)."""
+    model = model_from_input(cm.AcceptanceInput(per_position=tuple(rates)), len(rates), "eagle", "prose", None)
+    assert all(math.isfinite(x) for x in (model.logit_intercept, model.logit_position_slope))
+    assert np.all(np.isfinite(cm.per_position_rates(model, 0.0, len(rates))))
 
 
 def test_given_al_reproduced_at_its_k():

@@ -37,8 +37,8 @@ def _scenarios(scenario) -> dict[str, tuple[cm.Scenario, cm.Calibration | None]]
                                      draft_model="llama-3.2-1b-instruct", acceptance=None, concurrency=4), None),
         "ngram_rag": (scenario(method="ngram", draft_model=None, acceptance=None, structure="rag",
                                num_speculative_tokens=None, concurrency=64), None),
-        "eagle3_fp8_synth": (scenario(method="eagle3", draft_model=None, acceptance=None,
-                                      num_speculative_tokens=None, weights_dtype="fp8"), None),
+        "eagle3_fp8": (scenario(method="eagle3", draft_model="eagle3-llama-3.1-8b", acceptance=None,
+                                num_speculative_tokens=None, weights_dtype="fp8"), None),
         "sglang_tree": (scenario(engine="sglang", concurrency=16, acceptance=None, num_speculative_tokens=None), None),
         "calibrated_far": (scenario(concurrency=64, num_speculative_tokens=None), cal),
     }

@@ -24,7 +24,7 @@ def test_answer_has_the_contract_keys(gpus, models, make_scenario):
         assert key in d, key
     assert set(d["speedup"]) >= {"expected", "low", "high"}
     assert d["speedup"]["low"] <= d["speedup"]["expected"] <= d["speedup"]["high"]
-    assert set(d["latency_ms"]["baseline"]) == {"prefill", "decode", "total"}
+    assert set(d["latency_ms"]["baseline"]) == {"prefill", "decode", "queue", "total"}
     for key in ("target_weights_gb", "draft_weights_gb", "kv_bytes_per_token_target", "kv_bytes_per_token_draft",
                 "kv_space_gb", "activation_reserve_gb", "headroom_gb", "max_concurrency_baseline",
                 "max_concurrency_speculative", "fits"):
@@ -98,12 +98,13 @@ def test_tokenizer_mismatch_is_no_go(gpus, models, make_scenario):
     assert any("tokenizer mismatch" in r for r in d["reasons"])
 
 
-def test_draft_that_does_not_fit_is_no_go(gpus, models, make_scenario):
+def test_concurrency_beyond_the_drafters_kv_queues(gpus, models, make_scenario):
     sc = make_scenario(gpu="RTX-3090", method="draft_model", draft_model="llama-3.2-1b-instruct", acceptance=None,
                        concurrency=64, prompt_tokens=2048, output_tokens=1024)
     d = _predict(gpus, models, sc).to_dict()
-    assert not d["memory"]["fits"] and d["decision"] == "no-go"
-    assert any("draft + KV exceed VRAM" in r for r in d["reasons"])
+    assert not d["memory"]["fits"] and d["concurrency"]["queued"]
+    assert d["concurrency"]["resident_speculative"] < 64
+    assert any("queue" in r for r in d["reasons"]) and d["decision"] == "no-go"
 
 
 def test_prefill_dominated_workload_is_flagged(gpus, models, make_scenario):

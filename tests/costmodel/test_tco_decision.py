@@ -54,7 +54,8 @@ def test_tco_monthly_and_savings():
     (1.20, 1.50, False, (), (), "no-go"),  # drafter doesn't fit
     (1.20, 1.50, True, ("tokenizer mismatch",), (), "no-go"),
     (1.20, 1.50, True, (), ("concurrency 300 > calibrated max batch 64",), "calibrate"),
-    (0.60, 0.90, True, (), ("concurrency 300 > calibrated max batch 64",), "calibrate"),  # extrapolated no-go
+    (0.60, 0.90, True, (), ("concurrency 300 > calibrated max batch 64",), "no-go"),  # clear no-go stays (issue 9)
+    (0.95, 1.30, True, (), ("concurrency 300 > calibrated max batch 64",), "calibrate"),
     (0.60, 0.90, False, (), ("concurrency 300 > calibrated max batch 64",), "no-go"),  # but memory is hard
 ])
 def test_decision_rules(low, high, fits, errors, outside, expected):

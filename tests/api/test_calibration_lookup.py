@@ -1,0 +1,51 @@
+"""Issue 9: the service uses a calibration only for what it measured — never another drafter's, dtype's, TP's or
+engine mode's fit (through the database, as `POST /v1/recommendations` reads it)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import example_scenario
+
+DRAFT = "llama-3.2-1b-instruct"
+SCENARIO = example_scenario(speculator={"method": "draft_model", "draft_model": DRAFT, "num_speculative_tokens": 4},
+                            acceptance=None)
+
+
+def _run(app, config_extra: dict, engine: dict | None = None) -> int:
+    """A succeeded H100 run for the 8B target with an acceptance fit (AL near k + 1) stored under the 1B drafter."""
+    from advisor.services import calibrations
+
+    request = {"hardware": "H100-SXM", "target_model": "llama-3.1-8b-instruct", "method": "draft_model",
+               "draft_model": DRAFT, "temperatures": [0.0], **config_extra}
+    fit = {"method": "draft_model", "drafter": DRAFT, "structure": "prose", "logit_intercept": 4.0,
+           "logit_position_slope": 0.0, "logit_temperature_slope": 0.0,
+           "covariance": [[0.01, 0, 0], [0, 0.001, 0], [0, 0, 0.0]], "source": "calibration"}
+    with app.app_context():
+        run = calibrations.create(request, external=True)
+        calibrations.record(run, {
+            "measurements": [{"probe": "acceptance", "params": {"engine": engine or {}}, "values": {}}],
+            "fits": [{"kind": "acceptance", "key": f"draft_model|{DRAFT}|prose", "params": fit}],
+            "status": "succeeded"})
+        return run.id
+
+
+def test_self_drafted_run_is_not_used_for_a_real_drafter(app, client):
+    """main: a run where the target drafted for itself (no draft checkpoint) was reused for the named 1B drafter."""
+    _run(app, {})  # no draft_model_path: the probes ran the target as its own drafter
+    answer = client.post("/v1/recommendations", json=SCENARIO).get_json()
+    assert answer["acceptance"]["source"].startswith("prior")
+    assert answer["acceptance"]["mean_acceptance_length"] < 4.0
+
+
+def test_run_with_the_real_drafter_is_used(app, client):
+    run_id = _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, {"enforce_eager": False, "dtype": "bfloat16"})
+    answer = client.post("/v1/recommendations", json=SCENARIO).get_json()
+    assert answer["acceptance"]["source"] == f"calibration:{run_id}"
+
+
+@pytest.mark.parametrize("engine", [{"enforce_eager": True}, {"tensor_parallel_size": 2}, {"quantization": "fp8"}])
+def test_run_under_other_conditions_is_skipped_for_an_older_one_that_applies(app, client, engine):
+    good = _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, {"enforce_eager": False})
+    _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, engine)  # newer, but measured differently
+    answer = client.post("/v1/recommendations", json=SCENARIO).get_json()
+    assert answer["acceptance"]["source"] == f"calibration:{good}"
