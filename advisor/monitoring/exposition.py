@@ -39,8 +39,6 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "tpot_s": ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds"),
     "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     "e2e_s": ("vllm:e2e_request_latency_seconds",),
-    "inference_s": ("vllm:request_inference_time_seconds",),
-    "queue_s": ("vllm:request_queue_time_seconds",),
     "prompt_len": ("vllm:request_prompt_tokens",),
     "output_len": ("vllm:request_generation_tokens",),
 }

@@ -89,9 +89,11 @@ def window(start: dt.datetime, end: dt.datetime, before: Snapshot, after: Snapsh
     if d.get("generation_tokens") is not None and accepted is not None and first_tokens is not None:
         decode_steps = d["generation_tokens"] - accepted - first_tokens
     draft_fraction = _ratio(drafts, decode_steps) if drafts is not None else None
-    inference = hist.get("inference_s")
-    e2e = hist.get("e2e_s")
-    mean_running = inference.sum / duration_s if inference is not None and duration_s > 0 else None
+    # Time-averaged decode batch: every inter-token interval is observed when its token is emitted, so the ITL
+    # sum over a window is the request-seconds spent decoding inside it (Little's law; unbiased by requests that
+    # started before the window, unlike sums of whole-request times).
+    itl = hist.get("itl_s")
+    mean_running = itl.sum / duration_s if itl is not None and duration_s > 0 else None
     running = after.gauges.get("running")
     prompt_len, output_len = hist.get("prompt_len"), hist.get("output_len")
     return {
@@ -107,15 +109,13 @@ def window(start: dt.datetime, end: dt.datetime, before: Snapshot, after: Snapsh
         "draft_fraction": min(draft_fraction, 1.0) if draft_fraction is not None else None,
         "running": running, "waiting": after.gauges.get("waiting"),
         "kv_cache_usage": after.gauges.get("kv_cache_usage"),
-        # time-averaged requests in the engine over the window (Little's law: sum of inference times / window)
         "mean_running": mean_running,
-        "mean_in_system": e2e.sum / duration_s if e2e is not None and duration_s > 0 else None,
         "concurrency": mean_running if mean_running is not None else running,
         "generation_tokens_per_s": _ratio(d.get("generation_tokens"), duration_s),
         "prompt_tokens_per_s": _ratio(d.get("prompt_tokens"), duration_s),
         "requests_per_s": _ratio(d.get("requests_finished"), duration_s),
-        "tpot_ms": _summary(hist.get("tpot_s"), 1e3), "itl_ms": _summary(hist.get("itl_s"), 1e3),
-        "ttft_ms": _summary(hist.get("ttft_s"), 1e3), "e2e_ms": _summary(e2e, 1e3),
+        "tpot_ms": _summary(hist.get("tpot_s"), 1e3), "itl_ms": _summary(itl, 1e3),
+        "ttft_ms": _summary(hist.get("ttft_s"), 1e3), "e2e_ms": _summary(hist.get("e2e_s"), 1e3),
         "prompt_tokens_per_request": _summary(prompt_len), "output_tokens_per_request": _summary(output_len),
     }
 
