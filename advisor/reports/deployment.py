@@ -15,7 +15,7 @@ from .pages import _ENV, verdict
 
 STATE_CLASSES = {"ok": "go", "pending": "calibrate"}
 WINDOW_COLUMNS = (
-    ("end", "end"), ("AL", "mean_acceptance_length"), ("drafts", "drafts"), ("accept rate", "acceptance_rate"),
+    ("end (UTC)", "end"), ("AL", "mean_acceptance_length"), ("drafts", "drafts"), ("accept rate", "acceptance_rate"),
     ("drafting fraction", "draft_fraction"), ("concurrency", "concurrency"), ("running", "running"),
     ("waiting", "waiting"), ("KV usage", "kv_cache_usage"), ("gen tok/s", "generation_tokens_per_s"),
     ("TPOT p50 ms", "tpot_ms.p50"), ("ITL p90 ms", "itl_ms.p90"), ("TTFT p90 ms", "ttft_ms.p90"),
@@ -93,13 +93,18 @@ def deployment_plots(drift: dict[str, Any]) -> list[tuple[str, Markup]]:
     ]
 
 
+def _when(iso: str) -> str:
+    """``2026-11-30T12:09:00.123+00:00`` -> ``2026-11-30 12:09:00`` (UTC, as stored)."""
+    return iso[:19].replace("T", " ")
+
+
 def deployment_page(drift: dict[str, Any]) -> str:
     deployment = drift.get("deployment") or {}
     today = drift.get("verdict_today") or {}
     text, css = verdict(today.get("decision")) if today.get("decision") else ("NO VERDICT YET", "unknown")
     windows = drift.get("windows") or []
-    rows = [[fmt(_get(w, path)) for _, path in WINDOW_COLUMNS] + ["; ".join(f["flag"] for f in w.get("flags", []))]
-            for w in reversed(windows)]
+    rows = [[_when(w["end"]), *(fmt(_get(w, path)) for _, path in WINDOW_COLUMNS[1:]),
+             "; ".join(f["flag"] for f in w.get("flags", []))] for w in reversed(windows)]
     return _ENV.get_template("deployment.html").render(
         title=f"Deployment #{fmt(deployment.get('id'))} — {fmt(deployment.get('label'))}", d=deployment,
         state_class=STATE_CLASSES.get(deployment.get("state"), "no-go"), verdict_text=text, verdict_class=css,

@@ -205,9 +205,13 @@ def scrape(deployment: Deployment) -> MetricSnapshot:
 def scrape_all() -> list[tuple[int, str]]:
     """One scrape of every deployment; an error in one never stops the others."""
     out = []
+    db.session.expire_all()  # a long-running monitor sees deployments added, changed or deleted meanwhile
     for deployment_id in db.session.scalars(select(Deployment.id).order_by(Deployment.id)).all():
+        deployment = db.session.get(Deployment, deployment_id)
+        if deployment is None:  # deleted since the list was read
+            continue
         try:
-            snapshot = scrape(db.session.get(Deployment, deployment_id))
+            snapshot = scrape(deployment)
             out.append((deployment_id, snapshot.state))
         except Exception:  # noqa: BLE001  (a database hiccup for one row; log and go on)
             db.session.rollback()
