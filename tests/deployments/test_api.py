@@ -127,7 +127,7 @@ def test_register_scrape_drift_report(client, auth, target, allow_loopback):
     assert client.get(f"/v1/deployments/{dep['id']}/report").status_code == 404
 
 
-def test_restart_in_the_api(client, auth, target, allow_loopback):
+def test_restart_in_the_api(app, client, auth, target, allow_loopback):
     url = serve(target, "/restart", AFTER)
     dep = register(client, auth, url)
     client.post(f"/v1/deployments/{dep['id']}/scrape", headers=auth)
@@ -136,7 +136,10 @@ def test_restart_in_the_api(client, auth, target, allow_loopback):
     drift = client.get(f"/v1/deployments/{dep['id']}/drift").get_json()
     assert drift["windows"] == [] and len(drift["restarts"]) == 1 and drift["latest"] is None
     serve(target, "/restart", AFTER)
-    client.post(f"/v1/deployments/{dep['id']}/scrape", headers=auth)
+    with app.app_context():  # what `advisor monitor` runs on every interval
+        from advisor.services.deployments import scrape_all
+
+        assert scrape_all() == [(dep["id"], "ok")]
     drift = client.get(f"/v1/deployments/{dep['id']}/drift").get_json()
     assert len(drift["windows"]) == 1 and drift["windows"][0]["drafts"] == 21
 
