@@ -59,7 +59,8 @@ def check_url(url: str) -> tuple[str, int, str]:
     return parts.scheme, port or (443 if parts.scheme == "https" else 80), parts.hostname.lower()
 
 
-def _literal(host: str) -> Address | None:
+def literal_address(host: str) -> Address | None:
+    """The address when ``host`` is an IP literal (no resolution needed)."""
     try:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
@@ -87,8 +88,3 @@ def check_addresses(host: str, addresses: Iterable[Address], policy: TargetPolic
                                 "allow-list (SPECADVISOR_MONITOR_ALLOW)")
         if not policy.allow_public:
             raise TargetRefused(f"{host} ({address}) is not on the allow-list (SPECADVISOR_MONITOR_ALLOW)")
-
-
-def literal_address(host: str) -> Address | None:
-    """The address when ``host`` is an IP literal (no resolution needed)."""
-    return _literal(host)
