@@ -1,4 +1,4 @@
-"""The ``advisor`` command: serve, predict, step-time, validate, calibrate, worker, tokens, catalog, report."""
+"""The ``advisor`` command: serve, predict, step-time, validate, calibrate, worker, monitor, tokens, catalog, report."""
 from __future__ import annotations
 
 import json
@@ -124,6 +124,26 @@ def report(rec_id: int, out: Path) -> None:
     except ApiError as exc:
         raise click.ClickException(exc.message) from None
     click.echo(f"wrote {out}")
+
+
+@main.command()
+@click.option("--interval", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="Seconds between scrapes of every registered deployment.")
+@click.option("--once", is_flag=True, help="Scrape every deployment once and exit (for cron).")
+@with_appcontext
+def monitor(interval: float, once: bool) -> None:
+    """Scrape every registered deployment's /metrics on an interval and store the snapshots (runs until stopped)."""
+    import time
+
+    from .services.deployments import scrape_all
+
+    while True:
+        started = time.monotonic()
+        for deployment_id, state in scrape_all():
+            click.echo(f"deployment {deployment_id}: {state}")
+        if once:
+            return
+        time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
 @main.command("create-token")

@@ -34,6 +34,12 @@ class Config:
         self.REDIS_URL = os.environ.get("REDIS_URL", "")
         self.CALIBRATION_JOB_TIMEOUT_S = int(os.environ.get("SPECADVISOR_JOB_TIMEOUT_S", "3600"))
         self.MAX_CONTENT_LENGTH = 2 * 1024 * 1024
+        # Deployment monitoring: scrape targets on this list (host names, addresses, CIDRs) may be private; public
+        # targets are allowed unless SPECADVISOR_MONITOR_ALLOW_PUBLIC=0; each scrape is capped in time and size.
+        self.MONITOR_ALLOW = os.environ.get("SPECADVISOR_MONITOR_ALLOW", "")
+        self.MONITOR_ALLOW_PUBLIC = _bool("SPECADVISOR_MONITOR_ALLOW_PUBLIC", True)
+        self.MONITOR_TIMEOUT_S = float(os.environ.get("SPECADVISOR_MONITOR_TIMEOUT_S", "5"))
+        self.MONITOR_MAX_BYTES = int(os.environ.get("SPECADVISOR_MONITOR_MAX_BYTES", str(8 * 1024 * 1024)))
         self.API_TITLE = "specadvisor"
         self.API_VERSION = "v1"
         self.OPENAPI_VERSION = "3.0.3"

@@ -148,3 +148,40 @@ class Recommendation(Timestamped, db.Model):
 @event.listens_for(Recommendation, "before_update")
 def _recommendations_are_immutable(mapper, connection, target) -> None:  # noqa: ANN001
     raise ValueError("recommendations are immutable; create a new one instead")
+
+
+class Deployment(Timestamped, db.Model):
+    """A live vLLM server watched through its Prometheus ``/metrics``, against the recommendation it came from."""
+
+    __tablename__ = "deployments"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    label: Mapped[str] = mapped_column(sa.String(128))
+    metrics_url: Mapped[str] = mapped_column(sa.String(2048))
+    recommendation_id: Mapped[int] = mapped_column(sa.ForeignKey("recommendations.id"), index=True)
+    # pending | ok | unreachable | not_prometheus | no_spec_decode | refused
+    state: Mapped[str] = mapped_column(sa.String(32), default="pending", index=True)
+    state_message: Mapped[str | None] = mapped_column(sa.Text)
+    state_since: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    last_scrape_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    last_success_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    latest: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)  # newest window, flags, verdict today
+    recommendation: Mapped[Recommendation] = relationship()
+    snapshots: Mapped[list[MetricSnapshot]] = relationship(
+        back_populates="deployment", order_by="MetricSnapshot.id", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class MetricSnapshot(db.Model):
+    """One scrape: the parsed figures (``values``), or why there are none (``error``)."""
+
+    __tablename__ = "metric_snapshots"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(sa.ForeignKey("deployments.id", ondelete="CASCADE"), index=True)
+    scraped_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow, index=True)
+    ok: Mapped[bool] = mapped_column(default=False)
+    state: Mapped[str] = mapped_column(sa.String(32))
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    values: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    size_bytes: Mapped[int | None]
+    duration_ms: Mapped[float | None]
+    deployment: Mapped[Deployment] = relationship(back_populates="snapshots")

@@ -378,3 +378,68 @@ class CalibrationUploadSchema(StrictSchema):
     environment = fields.Dict()
     measurements = fields.List(fields.Nested(MeasurementSchema), load_default=list)
     fits = fields.List(fields.Nested(FitSchema), load_default=list)
+
+
+# --- deployments (issue 11: watch live vLLM servers) --------------------------------------------------------
+class DeploymentCreateSchema(StrictSchema):
+    metrics_url = fields.String(required=True, validate=validate.Length(min=1, max=2048),
+                                metadata={"description": "The vLLM server's Prometheus endpoint, e.g. "
+                                                         "http://10.0.0.5:8000/metrics (SPECADVISOR_MONITOR_ALLOW "
+                                                         "lists private hosts and CIDRs that may be scraped)."})
+    label = fields.String(required=True, validate=validate.Length(min=1, max=128))
+    recommendation_id = fields.Integer(strict=True, validate=validate.Range(min=1), allow_none=True,
+                                       metadata={"description": "The recommendation it was deployed from."})
+    scenario = fields.Nested(ScenarioSchema, allow_none=True,
+                             metadata={"description": "Or a scenario: it is answered and stored first."})
+
+    @validates_schema
+    def _one_source(self, data: dict, **_: object) -> None:
+        given = [k for k in ("recommendation_id", "scenario") if data.get(k) is not None]
+        if len(given) != 1:
+            raise ValidationError("Give recommendation_id or scenario (exactly one).", "recommendation_id")
+
+
+class DeploymentSchema(Schema):
+    id = fields.Integer()
+    label = fields.String()
+    metrics_url = fields.String()
+    recommendation_id = fields.Integer()
+    created_at = fields.DateTime()
+    state = fields.String(metadata={"description": "pending | ok | unreachable | not_prometheus | no_spec_decode "
+                                                   "| refused"})
+    status = fields.String(metadata={"description": "The state in words, e.g. 'unreachable since …'."})
+    state_message = fields.String(allow_none=True)
+    state_since = fields.DateTime(allow_none=True)
+    last_scrape_at = fields.DateTime(allow_none=True)
+    last_success_at = fields.DateTime(allow_none=True)
+    latest = fields.Dict(metadata={"description": "Newest window, its drift flags, the verdict at its operating point."})
+
+
+class DriftQuerySchema(StrictSchema):
+    limit = fields.Integer(load_default=200, validate=validate.Range(min=2, max=5000),
+                           metadata={"description": "How many of the newest snapshots to derive windows from."})
+
+
+class ScrapeResultSchema(Schema):
+    id = fields.Integer()
+    scraped_at = fields.DateTime()
+    ok = fields.Boolean()
+    state = fields.String()
+    error = fields.String(allow_none=True)
+    size_bytes = fields.Integer(allow_none=True)
+    duration_ms = fields.Float(allow_none=True)
+
+
+class DriftSchema(Schema):
+    deployment = fields.Nested(DeploymentSchema)
+    expected = _obj("What the recommendation predicted: AL and its band, break-even, TPOT, k.")
+    windows = fields.List(fields.Dict(), metadata={"description": "Per scrape interval: realised AL, per-position "
+                                                                 "acceptance, drafting fraction, concurrency, KV "
+                                                                 "usage, tokens/s, TPOT/ITL/TTFT percentiles, "
+                                                                 "lengths, flags."})
+    restarts = fields.List(fields.String(), metadata={"description": "Scrape times where counters went back."})
+    flags = fields.List(fields.Dict(), metadata={"description": "Drift flags of the newest window."})
+    latest = fields.Dict(allow_none=True)
+    verdict_today = fields.Dict(allow_none=True)
+    snapshots = fields.Dict()
+    sources = fields.Dict()

@@ -13,7 +13,7 @@ from advisor.storage import downgrade, upgrade
 from tests.conftest import BACKENDS, POSTGRES_ADMIN_URL
 
 TABLES = {"gpus", "models", "api_tokens", "workloads", "recommendations", "calibration_runs",
-          "probe_measurements", "fitted_parameters"}
+          "probe_measurements", "fitted_parameters", "deployments", "metric_snapshots"}
 
 
 @pytest.fixture(params=BACKENDS)
