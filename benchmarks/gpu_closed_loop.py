@@ -101,12 +101,12 @@ def gpu_probe_config(target: str, draft: str):
 
 
 # --------------------------------------------------------------------------------------------- calibrate
-def calibrate(workdir: Path) -> int:
+def calibrate(workdir: Path, engines: list[str] | None = None) -> int:
     from calibration.probes import ProbeRunError, environment_info, run_probes
     from calibration.runner import to_record
 
     target, draft = shapes(workdir)
-    out = workdir / "calibration.jsonl"
+    out = workdir / ("calibration.jsonl" if engines is None else "calibration-redo.jsonl")
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
     splits: dict[str, float] = {}
@@ -126,13 +126,13 @@ def calibrate(workdir: Path) -> int:
 
         status = "succeeded"
         try:
-            run_probes(gpu_probe_config(target, draft), progress=progress, on_measurement=emit)
+            run_probes(gpu_probe_config(target, draft), progress=progress, on_measurement=emit, engines=engines)
         except ProbeRunError as exc:
             status = f"failed: {exc}"
     info = {"status": status, "wall_s": round(time.perf_counter() - t0, 1),
             "split_s": {k: round(v, 1) for k, v in splits.items()}, "environment": environment_info(),
             "config": dataclasses.asdict(gpu_probe_config(target, draft))}
-    (workdir / "calibration-run.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
+    (workdir / ("calibration-run.json" if engines is None else "calibration-redo-run.json")).write_text(json.dumps(info, indent=1, default=str) + "\n")
     print(json.dumps({k: info[k] for k in ("status", "wall_s", "split_s")}), flush=True)
     return 0 if status == "succeeded" else 1
 
@@ -319,7 +319,7 @@ def format_table(points: list[Point]) -> str:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("phase", choices=("calibrate", "measure", "analyze", "_engine"))
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
-    parser.add_argument("--only", default=None, help="measure: comma-separated engine labels")
+    parser.add_argument("--only", default=None, help="calibrate: plan engines whose label starts with one of these; measure: engine labels")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
 
@@ -327,7 +327,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
-        return calibrate(args.workdir)
+        return calibrate(args.workdir, args.only.split(",") if args.only else None)
     if args.phase == "measure":
         return measure(args.workdir, args.only.split(",") if args.only else None)
     if args.phase == "_engine":

@@ -593,28 +593,35 @@ def measure_memory(llm, label: str, startup_s: float, has_drafter: bool, engine:
 def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig, engine: dict, env: dict,
                       rng: random.Random, temperature: float = 0.0, kind: str = "step",
                       width_marker: int | None = None, repetitive: bool = False) -> StepTiming:
-    """(wall(generate N+1 tokens) - wall(generate 1 token)) / decode steps, repeated until the spread is known.
+    """(wall(generate N+1 tokens) - wall(generate N/4+1 tokens)) / (decode steps between them), repeated until the
+    spread is known. Both generations pay the same prefill, first-step and drafter start-up costs (a draft model's
+    prefill of the prompt runs in the first speculative step), so the difference is steady-state steps only.
 
     Steps per sequence = tokens after the first - accepted drafts per sequence (a cycle yields 1 + accepted), so
     the same formula times decode steps, verify steps and whole speculative cycles. vLLM's iteration histogram
     says how many engine steps the batch took: about N + 1 when the batch was really co-scheduled."""
     n = cfg.decode_tokens
+    n_short = max(1, n // 4)
     detok = not cfg.skip_tokenizer_init
-    one, many = _sampling(temperature, 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
+    short, many = _sampling(temperature, n_short + 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
 
     def prompts():
         return _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
 
+    def steps_of(outs, d: SpecCounters) -> float:
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs) / batch_size
+        return tokens - 1 - d.num_accepted_tokens / batch_size
+
     llm.generate(prompts(), many, use_tqdm=False)  # warm-up at this batch size (allocations, first-call effects)
 
     def once():
-        t1, _ = _timed_generate(llm, prompts(), one)
         before = read_spec_counters(llm)
+        ts, outs_s = _timed_generate(llm, prompts(), short)
+        mid = read_spec_counters(llm)
         tn, outs = _timed_generate(llm, prompts(), many)
-        d = read_spec_counters(llm) - before
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs) / batch_size
-        steps = max(1.0, tokens - 1 - d.num_accepted_tokens / batch_size)
-        return (tn - t1) / steps, steps, d
+        d = read_spec_counters(llm) - mid
+        steps = max(0.5, steps_of(outs, d) - steps_of(outs_s, mid - before))
+        return (tn - ts) / steps, steps_of(outs, d), d
 
     results, others = _repeat(once, cfg, label)
     samples = [r[0] for r in results]
@@ -903,12 +910,14 @@ def run_probes(
     config: ProbeConfig | None = None,
     progress: ProgressCallback | None = None,
     on_measurement: MeasurementCallback | None = None,
+    engines: Iterable[str] | None = None,
 ) -> CalibrationResult:
     """Run the probe plan (:func:`plan_engines`); one engine at a time.
 
     ``progress(done, total, message)`` is called after every step (an engine start counts as one);
     ``on_measurement(m)`` with each measurement as soon as it is taken. Raises :class:`ProbeRunError`
-    (with ``.result`` holding all measurements taken) if an engine fails to start or dies.
+    (with ``.result`` holding all measurements taken) if an engine fails to start or dies. ``engines`` keeps only
+    the plan's engines whose label starts with one of these (to redo part of a run).
     """
     cfg = config or ProbeConfig()
     if cfg.model is None:
@@ -920,6 +929,9 @@ def run_probes(
     result = CalibrationResult(environment=env, config=_config_dict(cfg), started_at=time.time())
     prompts = load_prompts(cfg.prompts_file, cfg.structures) if "acceptance" in cfg.probes else {}
     plan = plan_engines(cfg, prompts)
+    if engines is not None:
+        keep = tuple(engines)
+        plan = [item for item in plan if item.label.startswith(keep)]
     total = sum(1 + len(item.tasks) for item in plan)
     done = 0
     rng = random.Random(cfg.seed)
