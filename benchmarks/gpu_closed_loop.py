@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "advisor" / "data"
 TARGET = "llama-3.1-8b-instruct"
@@ -234,7 +236,7 @@ class Point:
     k: int
     acceptance: float
     batch_size: int
-    measured: float  # decode speedup, baseline decode time / speculative decode time
+    measured: float  # end-to-end speedup of the batch: baseline wall time / speculative wall time (O tokens each)
     predicted: float
     low: float
     high: float
@@ -251,22 +253,63 @@ def _decode_s(row: dict) -> float:
     return statistics.median(r["wall_s"] - r["first_token_s"] for r in row["rounds"])
 
 
+def _wall_s(row: dict) -> float:
+    return statistics.median(r["wall_s"] for r in row["rounds"])
+
+
 def load_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+def calibration_records(workdir: Path) -> list[dict]:
+    """The run's records; engines redone later (``calibrate --only``) replace the first run's records of them."""
+    records = load_jsonl(workdir / "calibration.jsonl")
+    redo = load_jsonl(workdir / "calibration-redo.jsonl")
+    redone = {r["params"]["engine"]["label"] for r in redo}
+    return [r for r in records if r["params"]["engine"]["label"] not in redone] + redo
+
+
+def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int = 0):
+    """Fit the GPU run (``calibration.fit.fit_run``): one set of step-time parameters for the target and its
+    drafter's forwards (target decode, verify widths, speculative steps without drafts, whole draft-model and
+    n-gram cycles), and the prefill fit; keyed by what was measured (bf16, TP 1, CUDA graphs)."""
+    from advisor.costmodel import Calibration
+    from calibration.fit import fit_run
+
+    engines = [r["params"]["engine"] for r in records]
+    target_path = next(e["model"] for e in engines if e["label"] == "target")
+    draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
+                   if (e.get("speculative_config") or {}).get("method") == "draft_model"}
+    results: dict = {}
+    fits = fit_run(records, gpu, target, draft, "draft_model", draft.name, target_path=target_path,
+                   models={p: draft for p in draft_paths if p}, results=results)
+    by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
+    for f in fits:
+        by_kind[f["kind"]][f["key"]] = f["params"]
+    by_kind["step_time"][draft.name] = by_kind["step_time"][target.name]  # the drafter's forwards: same fit
+    batches = [r["values"]["batch_size"] for r in records if r["probe"] == "step_time"]
+    cal = Calibration.from_dict({"run_id": run_id, "hardware": gpu.name, **by_kind,
+                                 "max_batch_calibrated": max(batches), "temperature_range": [0.0, 0.8],
+                                 "weights_dtype": "bf16", "tensor_parallel_size": 1, "engine_mode": "graphs"})
+    return cal, results
+
+
 def analyze(workdir: Path, out_json: Path | None = None) -> int:
-    from benchmarks.closed_loop import build_calibration, load_catalog
-    from advisor.costmodel import predict as predict_mod
+    from advisor.costmodel import GpuSpec, ModelSpec, predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
-    gpus, models = load_catalog()
-    gpu, target, draft = gpus["H200-SXM"], models[TARGET], models[DRAFT]
-    records = load_jsonl(workdir / "calibration.jsonl")
-    cal = build_calibration(records, gpu, target, draft=draft, draft_path=str(workdir / "shapes" / DRAFT),
-                            target_path=str(workdir / "shapes" / TARGET))
+    gpu = GpuSpec.from_dict(next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"]
+                                 if g["name"] == "H200-SXM"))
+    target, draft = ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(DRAFT))
+    cal, results = build_gpu_calibration(calibration_records(workdir), gpu, target, draft)
+    step_fit = results[f"step_time:{target.name}"]
+    print(f"step-time fit: rms relative residual {step_fit.rmse_rel:.3f}; free {', '.join(step_fit.free)}")
+    for row in step_fit.points:
+        print(f"  {row['kind']:6} B={row['batch']:3} q={row['q']} T={row['temperature']:g} measured "
+              f"{1e3 * row['measured_s']:.2f} ms predicted {1e3 * row['predicted_s']:.2f} ms")
     rows = load_jsonl(workdir / "measurements.jsonl")
     base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
+    base_wall = {r["batch_size"]: _wall_s(r) for r in rows if r["engine"] == "baseline"}
     points: list[Point] = []
     for r in rows:
         if r["engine"] == "baseline" or r["batch_size"] not in base:
@@ -277,17 +320,19 @@ def analyze(workdir: Path, out_json: Path | None = None) -> int:
         steps = sum(x["output_tokens"] - r["batch_size"] - x["num_accepted_tokens"] for x in rounds)
         frac = min(1.0, drafts / steps) if steps else 0.0
         k, a = r["k"], r["acceptance"]
-        per_pos = tuple(a ** (i + 1) for i in range(k))
+        copy = r["method"] != "draft_model"
         scen = Scenario(
             gpu="H200-SXM", target_model=TARGET,
-            speculator=Speculator(r["method"], DRAFT if r["method"] == "draft_model" else None, k),
+            speculator=Speculator(r["method"], None if copy else DRAFT, k),
             workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]),
-            acceptance=AcceptanceInput(per_position=per_pos))
-        ans = predict_mod.predict(scen, gpus, models, calibration=cal, compare_methods=False)
+            acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
+                                       draft_fraction=calibrated_draft_fraction(results) if copy else None))
+        ans = predict(scen, gpu, target, None if copy else draft, cal, compare_methods=False).to_dict()
         sp = ans["speedup"]
-        points.append(Point(r["engine"], r["method"], k, a, r["batch_size"], base[r["batch_size"]] / _decode_s(r),
-                            sp["decode"], sp.get("decode_low", sp["low"]), sp.get("decode_high", sp["high"]), frac,
-                            (1 + acc / drafts) if drafts else None))
+        points.append(Point(r["engine"], r["method"], k, a, r["batch_size"], base_wall[r["batch_size"]] / _wall_s(r),
+                            sp["expected"], sp["low"], sp["high"], frac, (1 + acc / drafts) if drafts else None,
+                            {"decision": ans["decision"], "break_even": ans.get("break_even_concurrency"),
+                             "decode_measured": base[r["batch_size"]] / _decode_s(r), "decode_predicted": sp["decode"]}))
     summary = summarise(points)
     print(format_table(points))
     print(json.dumps(summary, indent=1))
@@ -295,6 +340,13 @@ def analyze(workdir: Path, out_json: Path | None = None) -> int:
         out_json.write_text(json.dumps({"summary": summary, "points": [dataclasses.asdict(p) | {"error": p.error}
                                                                        for p in points]}, indent=1) + "\n")
     return 0
+
+
+def calibrated_draft_fraction(results: dict) -> float:
+    """Share of n-gram steps that drafted in the calibration's cycle probes (on the same kind of prompts)."""
+    fit = results[f"step_time:{TARGET}"]
+    fr = [row for row in fit.points if row["kind"] == "cycle" and row.get("draft_fraction", 1.0) < 1.0]
+    return float(np.mean([row["draft_fraction"] for row in fr])) if fr else 1.0
 
 
 def summarise(points: list[Point]) -> dict:

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from scipy.optimize import least_squares, minimize
 
+from advisor.costmodel.speculation import COPY_DRAFTERS
 from advisor.costmodel.acceptance import draft_fraction_at
 from advisor.costmodel.steptime import (default_prefill_params, default_step_time_params, forward_cost,
                                         draft_sampling_s, prefill_compute_s, rejection_sampling_s, step_time_from_cost,
@@ -192,6 +193,8 @@ class StepPoint:
     context: float
     seconds: float
     temperature: float = 0.0
+    method: str = "draft_model"  # cycles: the drafter's method (a model drafter, or a copy drafter: ngram, suffix)
+    draft_fraction: float = 1.0  # cycles: share of steps that drafted (copy drafters find no match otherwise)
 
 
 def _spec_method(r: Record) -> str | None:
@@ -222,17 +225,22 @@ def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None
         temp = float(v.get("temperature") or 0.0)
         ctx = float(v.get("context_len", 0)) + 1.0 + steps / 2.0  # mean context: prompt + half the decode
         method = _spec_method(r)
-        if method in ("draft_model",):
+        if method not in (None, "custom_class"):
             spec = r.engine.get("speculative_config") or {}
             dpath = spec.get("model")
-            draft = m if dpath in (None, "self", path) else models.get(dpath)
-            if draft is None:
+            copy = method in COPY_DRAFTERS
+            draft = None if copy else (m if dpath in (None, "self", path) else models.get(dpath))
+            if draft is None and not copy:
                 continue
             k = int(spec.get("num_speculative_tokens") or (q - 1))
+            runs = max(1, len(v.get("step_s_samples") or [1]))
+            per_seq_steps = max(batch * steps * runs, 1.0)
             # tokens per cycle per sequence -> context grows (1 + accepted) per cycle
-            per_cycle = max(1.0, 1.0 + float(v.get("accepted_tokens", 0) or 0) / max(batch * steps, 1.0))
+            per_cycle = max(1.0, 1.0 + float(v.get("accepted_tokens", 0) or 0) / per_seq_steps)
+            frac = min(1.0, float(v.get("num_drafts") or 0) / per_seq_steps) if copy else 1.0
             ctx = float(v.get("context_len", 0)) + 1.0 + steps * per_cycle / 2.0
-            out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"]), temp))
+            out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"]), temp,
+                                 method, frac))
         elif method in (None, "custom_class"):
             kind = "spec_step" if method == "custom_class" and q == 1 else "step"
             out.append(StepPoint(kind, m, None, batch, q, int(q - 1), ctx, float(v["step_s"]), temp))
@@ -257,15 +265,15 @@ def predict_points(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimePa
             out[i] = float(step_time_from_cost(cost, params, p.batch, 1.0, p.context) + params.verify_overhead_s
                            + rejection_sampling_s(params, p.batch, 0.0, p.temperature))
         else:
-            dcost = forward_cost(gpu, p.draft, "bf16")
+            dcost = forward_cost(gpu, p.draft, "bf16") if p.draft is not None else None
             pre = default_prefill_params(gpu)
             # decode_context_tokens = prompt + output / 2 = p.context
             extra = {"temperature": p.temperature} if setup_has_temperature else {}
-            setup = CycleSetup(method="draft_model", target=cost, draft=dcost, target_step=params, draft_step=params,
+            setup = CycleSetup(method=p.method, target=cost, draft=dcost, target_step=params, draft_step=params,
                                target_prefill=pre, draft_prefill=pre, prompt_tokens=p.context - 0.5, output_tokens=1,
                                **extra)
-            grid = evaluate_grid(setup, np.array([p.batch]), np.array([p.k]), np.ones((1, p.k)), np.ones(1),
-                                 StepSamples.point(params))
+            grid = evaluate_grid(setup, np.array([p.batch]), np.array([p.k]), np.ones((1, p.k)),
+                                 np.array([p.draft_fraction]), StepSamples.point(params))
             out[i] = float(grid.cycle_s[0, 0, 0])
             if not setup_has_temperature:
                 out[i] += float(rejection_sampling_s(params, p.batch, p.batch * p.k, p.temperature)
@@ -285,7 +293,7 @@ def step_free_parameters(points: Sequence[StepPoint]) -> list[str]:
         free.append("roofline_sharpness")
     if len({p.model.num_layers for p in points}) > 1:
         free.append("per_layer_overhead_s")
-    if any(p.kind == "cycle" for p in points):
+    if any(p.kind == "cycle" and p.draft is not None for p in points):
         free.append("proposer_overhead_s")
     verify = [p for p in points if p.q > 1 or p.kind == "spec_step"]
     hot = [p for p in verify if p.temperature > 0]
@@ -336,13 +344,34 @@ def fit_step_time(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, weight
     fitted = params_of(x)
     idx = [free.index(n) if n in free else None for n in STEP_COV_FIELDS]
     cov3 = [[float(cov[i, j]) if i is not None and j is not None else 0.0 for j in idx] for i in idx]
-    fitted = dataclasses.replace(fitted, covariance=cov3, source=SOURCE)
+    fitted = dataclasses.replace(fitted, covariance=cov3, source=SOURCE, **overhead_log_stds(free, x, cov, res))
     pred = predict_points(points, gpu, fitted, weights_dtype)
     rows = [{"kind": p.kind, "model": p.model.name, "batch": int(p.batch), "q": int(p.q), "context": p.context,
-             "temperature": p.temperature, "measured_s": float(p.seconds), "predicted_s": float(pr)}
+             "temperature": p.temperature, "measured_s": float(p.seconds), "predicted_s": float(pr),
+             "method": p.method if p.kind == "cycle" else None, "draft_fraction": p.draft_fraction}
             for p, pr in zip(points, pred)]
     return FitResult(fitted, cov.tolist(), [float(r) for r in res], len(t), float(np.sqrt(np.mean(res ** 2))),
                      tuple(free), rows)
+
+
+OVERHEAD_LOG_STD_FIELDS = {"verify_overhead_s": "verify_overhead_log_std",
+                           "proposer_overhead_s": "proposer_overhead_log_std",
+                           "per_sequence_overhead_s": "per_sequence_overhead_log_std"}
+MIN_OVERHEAD_LOG_STD = 0.03
+
+
+def overhead_log_stds(free: Sequence[str], x: np.ndarray, cov: np.ndarray, res: np.ndarray) -> dict[str, float]:
+    """The σ of ln(overhead) the speedup interval samples, for each overhead the fit determined: its relative
+    standard error, but at least the fit's rms relative residual (what the model misses run to run) -- so a
+    calibrated overhead is as uncertain as the measurements say, not as the uncalibrated prior (0.7)."""
+    rms = float(np.sqrt(np.mean(np.square(res)))) if len(res) else 0.0
+    out = {}
+    for name, log_field in OVERHEAD_LOG_STD_FIELDS.items():
+        if name in free:
+            i = list(free).index(name)
+            rel = math.sqrt(max(float(cov[i][i]), 0.0)) / max(abs(float(x[i])), 1e-9)
+            out[log_field] = float(np.clip(max(rel, rms), MIN_OVERHEAD_LOG_STD, 0.7))
+    return out
 
 
 def _step_start(gpu: GpuSpec, base: StepTimeParams, points: Sequence[StepPoint], weights_dtype: str) -> StepTimeParams:
