@@ -136,6 +136,10 @@ class ScenarioSchema(StrictSchema):
     load = fields.Nested(LoadSchema, allow_none=True,
                          metadata={"description": "Total load to size the fleet for (TCO)."})
     hours_per_month = fields.Float(load_default=730.0, validate=_positive(744.0))
+    vllm_version = fields.String(allow_none=True, validate=validate.Regexp(r"^\d{1,3}\.\d{1,3}(\.\d{1,4})?$"),
+                                 metadata={"description": "The vLLM you serve with, e.g. 0.24: its measured engine "
+                                                          "profile for this GPU is used when one ships "
+                                                          "(answer.engine_profile)."})
 
     @validates_schema
     def _acceptance_fits_k(self, data: dict, **_: object) -> None:
@@ -185,6 +189,9 @@ class AnswerSchema(Schema):
                           metadata={"description": "The citation behind each catalog entry and prior used."})
     cost_model_version = fields.String()
     calibration_run_id = fields.Integer(allow_none=True)
+    engine_profile = fields.Dict(allow_none=True, metadata={
+        "description": "{name, gpu, vllm_version, behaviour, source}: the measured GPU × vLLM profile the timing "
+                       "came from (scenario.vllm_version), or null."})
 
 
 class RecommendationSchema(AnswerSchema):

@@ -342,6 +342,39 @@ def analyze(workdir: Path, out_json: Path | None = None) -> int:
     return 0
 
 
+PROFILES_FILE = DATA_DIR / "engine_profiles.json"
+PROFILE_BEHAVIOUR = ("a separate draft model runs without CUDA graphs",
+                     "async scheduling is off with draft-model and n-gram speculation")
+
+
+def write_profile(workdir: Path, vllm_version: str = "0.24") -> dict:
+    """The run's fit as the shipped engine profile of H200-SXM × this vLLM version (advisor/data/engine_profiles.json,
+    replacing an older profile of the same pair)."""
+    from advisor.costmodel import GpuSpec, ModelSpec
+
+    gpu = GpuSpec.from_dict(next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"]
+                                 if g["name"] == "H200-SXM"))
+    target, draft = ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(DRAFT))
+    records = calibration_records(workdir)
+    cal, _ = build_gpu_calibration(records, gpu, target, draft)
+    env = json.loads((workdir / "calibration-run.json").read_text())["environment"]
+    profile = {
+        "name": f"{gpu.name} × vLLM {vllm_version}", "gpu": gpu.name, "vllm_version": vllm_version,
+        "step_time": cal.step_time[target.name].to_dict(), "prefill": cal.prefill[target.name].to_dict(),
+        "max_batch_measured": cal.max_batch_calibrated, "behaviour": list(PROFILE_BEHAVIOUR),
+        "source": (f"benchmarks/gpu_closed_loop.py calibrate on {env.get('gpu_name')} (vLLM {env.get('vllm_version')},"
+                   f" torch {env.get('torch_version')}, CUDA {env.get('cuda_version')}): {TARGET}- and {DRAFT}-shaped "
+                   f"dummy weights, bf16, CUDA graphs; records in {workdir.relative_to(REPO_ROOT)}"),
+    }
+    data = json.loads(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {
+        "about": "Measured engine profiles: step-time and prefill fits of the product's probe plan on one GPU × vLLM "
+                 "version (benchmarks/gpu_closed_loop.py). A scenario that names vllm_version gets the matching "
+                 "profile's timing when no calibration run of its own applies.", "items": []}
+    data["items"] = [p for p in data["items"] if p["name"] != profile["name"]] + [profile]
+    PROFILES_FILE.write_text(json.dumps(data, indent=1) + "\n")
+    return profile
+
+
 def calibrated_draft_fraction(results: dict) -> float:
     """Share of n-gram steps that drafted in the calibration's cycle probes (on the same kind of prompts)."""
     fit = results[f"step_time:{TARGET}"]
@@ -369,7 +402,7 @@ def format_table(points: list[Point]) -> str:
 
 # --------------------------------------------------------------------------------------------- CLI
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("phase", choices=("calibrate", "measure", "analyze", "_engine"))
+    parser.add_argument("phase", choices=("calibrate", "measure", "analyze", "profile", "_engine"))
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
     parser.add_argument("--only", default=None, help="calibrate: plan engines whose label starts with one of these; measure: engine labels")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
@@ -387,6 +420,9 @@ def main(args: argparse.Namespace) -> int:
         case = json.loads(args.case)
         _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
                         args.workdir / "measurements.jsonl")
+        return 0
+    if args.phase == "profile":
+        print(json.dumps(write_profile(args.workdir.resolve()), indent=1))
         return 0
     return analyze(args.workdir, args.out_json)
 

@@ -11,17 +11,18 @@ from .checks import check_draft
 from .decision import GO_THRESHOLD, decide
 from .memory import kv_bytes_per_token, memory_report, weights_bytes
 from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch, dynamic_table,
-                      predict, speedup_point)
+                      matching_profile, predict, speedup_point)
 from .priors import prior_acceptance
 from .steptime import default_prefill_params, default_step_time_params, step_time_s
 from .types import (COST_MODEL_VERSION, ENGINES, METHODS, MODEL_KINDS, STRUCTURES, WEIGHTS_DTYPES,
-                    AcceptanceInput, AcceptanceModel, Calibration, CostModelError, GpuSpec, Issue, ModelSpec,
+                    AcceptanceInput, AcceptanceModel, Calibration, CostModelError, GpuSpec, Issue, MeasuredEngineProfile,
+                    ModelSpec,
                     PrefillParams, Scenario, Slo, Speculator, StepTimeParams, TcoLoad, Workload, acceptance_key)
 
 __all__ = [
     "AcceptanceInput", "AcceptanceModel", "COST_MODEL_VERSION", "CURVE_CONCURRENCY", "Calibration",
     "calibrated_acceptance", "calibration_mismatch",
-    "CostModelError", "ENGINES", "GO_THRESHOLD", "GpuSpec", "Issue", "METHODS", "MODEL_KINDS", "ModelSpec",
+    "CostModelError", "ENGINES", "MeasuredEngineProfile", "matching_profile", "GO_THRESHOLD", "GpuSpec", "Issue", "METHODS", "MODEL_KINDS", "ModelSpec",
     "Prediction", "PrefillParams", "STRUCTURES", "Scenario", "Slo", "Speculator", "StepTimeParams", "TcoLoad",
     "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",
     "decide", "default_prefill_params", "default_step_time_params", "dynamic_table", "expected_tokens_iid",

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .steptime import (default_prefill_params, default_step_time_params, engine_
 from .tco import best_operating_point, tco_report
 from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceInput,
                     AcceptanceModel,
-                    Calibration, CostModelError, GpuSpec, ModelSpec, PrefillParams, Scenario, Slo, StepTimeParams,
+                    Calibration, CostModelError, MeasuredEngineProfile, GpuSpec, ModelSpec, PrefillParams, Scenario, Slo, StepTimeParams,
                     acceptance_key)
 from .vllm_config import serve_flags, speculative_config
 
@@ -121,16 +121,28 @@ class Context:
     k_ref: int
     calibration_notes: tuple[str, ...] = ()  # why a calibration (or part of it) was not used
     draft_fraction_given: bool = False  # acceptance.draft_fraction stated: not sampled
+    profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from
 
 
-def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str,
-                 calibration: Calibration | None) -> tuple[StepTimeParams, PrefillParams, str]:
+def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
+                 profile: MeasuredEngineProfile | None = None) -> tuple[StepTimeParams, PrefillParams, str]:
     if calibration is not None and model is not None and model.name in calibration.step_time:
         step = calibration.step_time[model.name]
         pre = calibration.prefill.get(model.name) or default_prefill_params(gpu, engine)
         step = with_engine(step, engine) if engine != "vllm" else step
         return step, pre, f"calibration:{calibration.run_id}"
+    if profile is not None and engine == "vllm" and model is not None:
+        return profile.step_time, profile.prefill, f"profile:{profile.name}"
     return default_step_time_params(gpu, engine), default_prefill_params(gpu, engine), "default"
+
+
+def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec,
+                     vllm_version: str | None) -> MeasuredEngineProfile | None:
+    """The measured profile of this GPU × vLLM version (major.minor of ``vllm_version``), or None."""
+    if not vllm_version:
+        return None
+    minor = ".".join(vllm_version.split(".")[:2])
+    return next((p for p in profiles if p.gpu == gpu.name and p.vllm_version == minor), None)
 
 
 def calibration_mismatch(calibration: Calibration, s: Scenario, gpu: GpuSpec) -> tuple[str, ...]:
@@ -182,7 +194,8 @@ def _acceptance(s: Scenario, target: ModelSpec, draft: ModelSpec | None, calibra
 
 
 def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None,
-             calibration: Calibration | None, catalog_sources: dict[str, str] | None) -> Context:
+             calibration: Calibration | None, catalog_sources: dict[str, str] | None,
+             profile: MeasuredEngineProfile | None = None) -> Context:
     engine_profile(s.engine)  # validates the engine name
     method = s.speculator.method
     draft_source = f"catalog:{draft.name}" if draft is not None else "default"
@@ -200,15 +213,16 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
         if mismatch:
             notes = tuple(f"calibration run {calibration.run_id} not used: {m}" for m in mismatch)
             calibration = None
-    t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration)
-    d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
-    if not d_source.startswith("calibration"):  # the drafter's per-forward overhead is a wide prior until measured
+    t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration, profile)
+    d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration, profile)
+    if d_source == "default":  # the drafter's per-forward overhead is a wide prior until measured
         d_step = with_proposer_prior(d_step, s.engine, method)
     k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
     acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
     return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
                    t_pre, d_pre, step_source, acc, acc_source, k_ref, notes,
-                   s.acceptance is not None and s.acceptance.draft_fraction is not None)
+                   s.acceptance is not None and s.acceptance.draft_fraction is not None,
+                   profile if step_source.startswith("profile") else None)
 
 
 def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None) -> CycleSetup:
@@ -350,10 +364,13 @@ def dynamic_table(points: list[int], best_k: list[int], gains: list[float]) -> l
 # ----------------------------------------------------------------------------------------------- predict
 def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None,
             calibration: Calibration | None = None, catalog_sources: dict[str, str] | None = None,
-            samples: int = MC_SAMPLES, compare_methods: bool = True) -> Prediction:
+            samples: int = MC_SAMPLES, compare_methods: bool = True,
+            profile: MeasuredEngineProfile | None = None) -> Prediction:
+    """The answer for one scenario. ``profile``: a measured GPU × vLLM profile (:func:`matching_profile`) used for
+    the timing where no calibration run applies."""
     _validate(scenario, draft)
     s, w = scenario, scenario.workload
-    ctx = _context(s, gpu, target, draft, calibration, catalog_sources)
+    ctx = _context(s, gpu, target, draft, calibration, catalog_sources, profile)
     checks = check_draft(target, draft, s.speculator.method) if s.speculator.method in METHODS else []
     setup = _setup(ctx)
     context_tokens = w.prompt_tokens + w.output_tokens
@@ -478,6 +495,7 @@ def _infeasible(ctx: Context, mem: MemoryReport, checks: list) -> dict[str, Any]
         "checks": [i.to_dict() for i in checks], "sources": dict(ctx.catalog_sources),
         "cost_model_version": COST_MODEL_VERSION,
         "calibration_run_id": ctx.calibration.run_id if ctx.calibration is not None else None,
+        "engine_profile": _profile_dict(ctx.profile),
     }
     answer["provenance"] = {"decision": f"catalog:{ctx.target.name}", "reasons": f"catalog:{ctx.target.name}",
                             "memory.usable_gb": "input" if s.vram_gb is not None else f"catalog:{ctx.gpu.name}",
@@ -638,6 +656,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
         "sources": dict(ctx.catalog_sources),  # catalog row → its datasheet / config.json source
         "cost_model_version": COST_MODEL_VERSION,
         "calibration_run_id": ctx.calibration.run_id if ctx.calibration is not None else None,
+        "engine_profile": _profile_dict(ctx.profile),
     }
     answer["provenance"] = _provenance(ctx, answer, acc_source, conc_source)
     return answer
@@ -685,7 +704,17 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
         out.append("acceptance from published priors, not measured on your prompts: calibrate to narrow")
     out += [f"{i.severity}: {i.message}" for i in checks]
     out += list(ctx.calibration_notes)
+    if ctx.profile is not None:
+        out.append(f"timing from the measured profile {ctx.profile.name}"
+                   + (f" ({'; '.join(ctx.profile.behaviour)})" if ctx.profile.behaviour else ""))
     return out
+
+
+def _profile_dict(profile: MeasuredEngineProfile | None) -> dict[str, Any] | None:
+    if profile is None:
+        return None
+    return {"name": profile.name, "gpu": profile.gpu, "vllm_version": profile.vllm_version,
+            "behaviour": list(profile.behaviour), "source": profile.source}
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,13 @@ class StepSamples:
     def from_normals(params: StepTimeParams, std_normal: np.ndarray) -> StepSamples:
         """sample() given the standard-normal draws, shape (S, 3)."""
         mean = np.array([params.bandwidth_efficiency, params.compute_efficiency, params.fixed_overhead_s])
-        draws = mean + std_normal @ cholesky_factor(params.covariance or ZERO_COV, 1e-18).T
+        cov = np.asarray(params.covariance or ZERO_COV, dtype=float)
+        draws = mean + std_normal @ cholesky_factor(cov, 1e-18).T
         draws[0] = mean
+        if cov[2, 2] > 0:  # a negative fixed overhead is projected onto 0 along its regression on the efficiencies
+            short = np.minimum(draws[:, 2], 0.0)  # (conditioning on the bound keeps the fitted trade-off, e.g.
+            draws[:, :2] -= short[:, None] * (cov[:2, 2] / cov[2, 2])  # η_bw vs fixed overhead at B = 1, which
+            draws[:, 2] -= short  # clipping alone breaks: Rao, Linear Statistical Inference, §8a.2)
         np.minimum(np.maximum(draws[:, :2], 0.05, out=draws[:, :2]), 1.0, out=draws[:, :2])  # == np.clip
         np.maximum(draws[:, 2], 0.0, out=draws[:, 2])
         shape = (std_normal.shape[0], 1, 1)

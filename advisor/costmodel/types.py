@@ -153,6 +153,7 @@ class Scenario:
     load: TcoLoad | None = None
     hours_per_month: float = 730.0
     engine: str = "vllm"  # ENGINES; per-engine overhead defaults (validation rows from SGLang / HF)
+    vllm_version: str | None = None  # "0.24": use the measured engine profile of this GPU × vLLM version, if any
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,31 @@ class Calibration:
             tensor_parallel_size=int(data["tensor_parallel_size"]) if data.get("tensor_parallel_size") else None,
             engine_mode=data.get("engine_mode"),
         )
+
+
+@dataclass(frozen=True)
+class MeasuredEngineProfile:
+    """Step-time and prefill parameters measured with the product's probe plan on one GPU × vLLM version (per-step
+    overheads, the speculative path's extra cost, the drafter's own cost), shipped so that users of that pair get
+    measured timing before they calibrate (``advisor/data/engine_profiles.json``). A calibration run of the user's
+    own node replaces it."""
+
+    name: str  # e.g. "H200-SXM × vLLM 0.24"
+    gpu: str
+    vllm_version: str  # major.minor
+    step_time: StepTimeParams
+    prefill: PrefillParams
+    max_batch_measured: int
+    behaviour: tuple[str, ...] = ()  # what the engine does differently there, in words
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MeasuredEngineProfile:
+        return cls(name=str(data["name"]), gpu=str(data["gpu"]), vllm_version=str(data["vllm_version"]),
+                   step_time=StepTimeParams.from_dict(data["step_time"]),
+                   prefill=PrefillParams.from_dict(data["prefill"]),
+                   max_batch_measured=int(data.get("max_batch_measured", 1)),
+                   behaviour=tuple(data.get("behaviour") or ()), source=str(data.get("source", "")))
 
 
 def acceptance_key(method: str, drafter: str | None, structure: str) -> str:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -62,6 +64,15 @@ def require_model(name: str, field: str) -> Model:
     if row is None:
         raise field_error(field, f"Unknown model '{name}'. See GET /v1/models for the catalog.")
     return row
+
+
+@lru_cache(maxsize=1)
+def engine_profiles() -> tuple[costmodel.MeasuredEngineProfile, ...]:
+    """The measured GPU × vLLM profiles shipped in ``advisor/data/engine_profiles.json``."""
+    path = Path(__file__).resolve().parent.parent / "data" / "engine_profiles.json"
+    if not path.exists():
+        return ()
+    return tuple(costmodel.MeasuredEngineProfile.from_dict(p) for p in json.loads(path.read_text())["items"])
 
 
 def _spec(cls: type, row: Any) -> Any:

@@ -49,9 +49,10 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     sources = {gpu.name: gpu_row.source, target.name: target_row.source}
     if draft_row is not None:
         sources[draft_row.name] = draft_row.source
+    profile = costmodel.matching_profile(catalog.engine_profiles(), gpu, scenario.vllm_version)
     try:
         prediction = costmodel.predict(scenario, gpu, target, draft, calibration=calibration,
-                                       catalog_sources=sources)
+                                       catalog_sources=sources, profile=profile)
     except costmodel.CostModelError as exc:
         raise field_error(getattr(exc, "field", None) or "_schema", getattr(exc, "message", None) or str(exc)) from None
     answer = prediction.to_dict()
