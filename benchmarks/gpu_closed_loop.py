@@ -286,7 +286,6 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
     for f in fits:
         by_kind[f["kind"]][f["key"]] = f["params"]
-    by_kind["step_time"][draft.name] = by_kind["step_time"][target.name]  # the drafter's forwards: same fit
     batches = [r["values"]["batch_size"] for r in records if r["probe"] == "step_time"]
     cal = Calibration.from_dict({"run_id": run_id, "hardware": gpu.name, **by_kind,
                                  "max_batch_calibrated": max(batches), "temperature_range": [0.0, 0.8],

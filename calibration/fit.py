@@ -595,6 +595,10 @@ def fit_run(records: Iterable[Any], gpu: GpuSpec, target: ModelSpec, draft: Mode
         fits.append(_fit_record("step_time", target.name, step_fit))
         if results is not None:
             results[f"step_time:{target.name}"] = step_fit
+        if draft is not None and draft.name != target.name and any(
+                p["kind"] == "cycle" and p["method"] not in COPY_DRAFTERS for p in step_fit.points):
+            # the drafter's forwards were timed inside whole cycles: the joint fit is the drafter's too
+            fits.append(_fit_record("step_time", draft.name, step_fit))
     if len(_records(records, "prefill", path)) >= 2:
         step_params = step_fit.params if step_fit else default_step_time_params(gpu)
         pre = fit_prefill(records, gpu, target, step_params, weights_dtype, model_path=path)

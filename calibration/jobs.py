@@ -147,7 +147,9 @@ def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Si
 
     gpu, target, draft = sink.specs(request)
     drafter = request.get("draft_model") if request.get("method") != "ngram" else None
-    return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter)
+    draft_path = request.get("draft_model_path")
+    models = {draft_path: draft} if draft is not None and draft_path not in (None, "self") else None
+    return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter, models=models)
 
 
 def _kill(proc: subprocess.Popen) -> None:

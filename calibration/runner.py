@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from .probes import DrafterSpec, ProbeConfig
@@ -31,16 +33,22 @@ def to_record(measurement: Any) -> dict[str, Any]:
 
 
 def probe_config(request: dict[str, Any]) -> ProbeConfig:
-    """A calibration request (``CalibrationRequestSchema``) -> the probe runner's configuration."""
-    model = request.get("model_path")
+    """A calibration request (``CalibrationRequestSchema``) -> the probe runner's configuration.
+
+    With ``engine.load_format = "dummy"`` and no checkpoint path, the catalog's shape of the model is written as a
+    config (``calibration.models.write_shape``): timing probes without checkpoints; acceptance needs real weights and
+    is left out."""
+    dummy = (request.get("engine") or {}).get("load_format") == "dummy"
+    model = request.get("model_path") or (shape_path(request["target_model"]) if dummy else None)
     if not model and request["target_model"] != SMOLLM2_CATALOG_NAME:
         raise ValueError(f"model_path is needed to run '{request['target_model']}' on this node")
     method, k = request.get("method", "ngram"), int(request.get("num_speculative_tokens", 4))
     if method == "ngram":
         drafter = DrafterSpec("ngram", k)
     elif method == "draft_model":
-        drafter = DrafterSpec("draft_model", k, model=request.get("draft_model_path") or "self",
-                              label=request.get("draft_model"))
+        draft_path = request.get("draft_model_path") or (
+            shape_path(request["draft_model"]) if dummy and request.get("draft_model") else "self")
+        drafter = DrafterSpec("draft_model", k, model=draft_path, label=request.get("draft_model"))
     else:
         drafter = DrafterSpec(method, k, model=request.get("draft_model_path") or request.get("draft_model"),
                               label=request.get("draft_model"))
@@ -62,7 +70,41 @@ def probe_config(request: dict[str, Any]) -> ProbeConfig:
     unknown = sorted(set(request.get("engine") or {}) - PROBE_CONFIG_FIELDS)
     if unknown:
         raise ValueError(f"unknown engine settings: {', '.join(unknown)}; known: {sorted(PROBE_CONFIG_FIELDS)}")
-    return dataclasses.replace(config, **overrides)
+    config = dataclasses.replace(config, **overrides)
+    if dummy:
+        config = dataclasses.replace(config, skip_tokenizer_init=True,
+                                     probes=tuple(x for x in config.probes if x != "acceptance"))
+    return config
+
+
+def shape_path(catalog_name: str) -> str:
+    """A config-only checkpoint of the packaged catalog's shape of ``catalog_name`` (for ``load_format="dummy"``)."""
+    from .models import model_cache_root, write_shape
+
+    catalog = Path(__file__).resolve().parent.parent / "advisor" / "data" / "models.json"
+    rows = {r["name"]: r for r in json.loads(catalog.read_text())["items"]}
+    if catalog_name not in rows:
+        raise ValueError(f"'{catalog_name}' is not in the packaged catalog: give its checkpoint path")
+    return str(write_shape(rows[catalog_name], model_cache_root() / "shapes" / catalog_name))
+
+
+def hardware_mismatch(hardware: str, env: dict[str, Any]) -> str | None:
+    """Why this node is not the catalog ``hardware`` a run is stored under (None: it is). A calibration applies only
+    to the hardware it measured, so the detected device must match: ``H200-SXM`` needs a GPU named like
+    ``NVIDIA H200``; ``CPU-*`` entries need a node without a GPU."""
+    gpu = env.get("gpu_name")
+    cpu_entry = hardware.upper().startswith("CPU")
+    if not gpu:
+        return None if cpu_entry or not hardware else \
+            f"no GPU found on this node ({env.get('cpu_model') or 'CPU only'}), but the run is for {hardware}"
+    if cpu_entry:
+        return f"this node has a GPU ({gpu}), but the run is for {hardware}"
+    core = re.split(r"[-_ ]", hardware)[0].lower()  # "H200-SXM" -> "h200", "RTX-4090" -> "rtx"
+    if core == "rtx":
+        core = hardware.lower().replace("rtx-", "").split("-")[0]
+    if core not in gpu.lower():
+        return f"this node's GPU is {gpu!r}, not {hardware}: pass the catalog name of this GPU"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     except (IndexError, KeyError, ValueError, TypeError) as exc:
         emit("done", status="failed", error=f"bad calibration request: {exc}")
         return 2
-    emit("environment", environment=environment_info())
+    env = environment_info()
+    emit("environment", environment=env)
+    mismatch = hardware_mismatch(json.loads(argv[0]).get("hardware", ""), env)
+    if mismatch:
+        emit("done", status="failed", error=f"wrong hardware: {mismatch}")
+        return 2
     try:
         run_probes(config, progress=lambda done, total, msg: emit("progress", progress=done / total, message=msg),
                    on_measurement=lambda m: emit("measurement", record=to_record(m)))
