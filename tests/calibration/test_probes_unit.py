@@ -93,3 +93,61 @@ def test_failed_run_keeps_measurements(monkeypatch, tmp_path):
 def test_environment_info_has_hardware():
     info = probes.environment_info()
     assert info["cpu_model"] and info["cpu_count"] >= 1 and info["hardware"]
+
+
+def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
+    from benchmarks.gpu_closed_loop import gpu_probe_config
+    from calibration.probes import plan_engines
+
+    cfg = gpu_probe_config("/t", "/d").resolved(on_gpu=True)
+    assert cfg.enforce_eager is False and cfg.isolate_engines and cfg.max_num_seqs >= 256
+    plan = {e.label: e for e in plan_engines(cfg)}
+    verify = plan["verify-k5"]
+    widths = {t[2] for t in verify.tasks if t[0] == "step"}
+    assert widths == {0, 3, 5}  # spec steps without drafts, verify at k = 3 and 5, in one engine
+    assert any(t[3] > 0 for t in verify.tasks)  # sampling cost at T > 0
+    cycles = [e for e in plan.values() if any(t[0] == "cycle" for t in e.tasks)]
+    assert {e.speculative_config["method"] for e in cycles} == {"draft_model", "ngram"}
+    assert all(e.speculative_config["rejection_sample_method"] == "synthetic" for e in cycles)
+    assert max(t[1] for e in cycles for t in e.tasks) == 256
+    prefill = [t for t in plan["target"].tasks if t[0] == "prefill"]
+    assert max(t[1] for t in prefill) == 8192 and any(t[2] > 1 for t in prefill)
+
+
+def test_cpu_defaults_stay_eager_and_in_process():
+    from calibration.probes import ProbeConfig
+
+    cfg = ProbeConfig(batch_sizes=(1, 4, 32)).resolved(on_gpu=False)
+    assert cfg.enforce_eager is True and not cfg.isolate_engines and cfg.guard_contention
+    assert cfg.max_num_seqs == 32  # the largest batch is really co-scheduled
+
+
+def test_synthetic_rates_are_unconditional():
+    from calibration.probes import synthetic_rates
+
+    assert synthetic_rates(0.8, 3) == [0.8, 0.64, 0.512]
+
+
+def test_detected_gpu_must_match_the_hardware():
+    from calibration.runner import hardware_mismatch
+
+    assert hardware_mismatch("H200-SXM", {"gpu_name": "NVIDIA H200"}) is None
+    assert "not H100-SXM" in hardware_mismatch("H100-SXM", {"gpu_name": "NVIDIA H200"})
+    assert hardware_mismatch("CPU-2core", {"cpu_model": "Xeon"}) is None
+    assert "no GPU" in hardware_mismatch("H200-SXM", {"cpu_model": "Xeon"})
+    assert "has a GPU" in hardware_mismatch("CPU-2core", {"gpu_name": "NVIDIA H200"})
+
+
+def test_dummy_load_format_times_the_catalog_shape(tmp_path, monkeypatch):
+    import json
+
+    from calibration.runner import probe_config
+
+    monkeypatch.setenv("SPECADVISOR_MODEL_CACHE", str(tmp_path))
+    cfg = probe_config({"hardware": "H200-SXM", "target_model": "llama-3.1-8b-instruct", "method": "draft_model",
+                        "draft_model": "llama-3.2-1b-instruct", "num_speculative_tokens": 3,
+                        "engine": {"load_format": "dummy"}})
+    assert cfg.skip_tokenizer_init and "acceptance" not in cfg.probes
+    config = json.loads((tmp_path / "shapes" / "llama-3.1-8b-instruct" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (4096, 32, 8)
+    assert cfg.drafters[0].model.endswith("shapes/llama-3.2-1b-instruct")
