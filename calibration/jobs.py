@@ -147,8 +147,12 @@ def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Si
 
     gpu, target, draft = sink.specs(request)
     drafter = request.get("draft_model") if request.get("method") != "ngram" else None
-    draft_path = request.get("draft_model_path")
-    models = {draft_path: draft} if draft is not None and draft_path not in (None, "self") else None
+    models = None
+    if draft is not None:  # the drafter's checkpoint as the engines named it (a path given, or a catalog shape)
+        engines = [(r.get("params") or {}).get("engine", {}) for r in records]
+        targets = {e.get("model") for e in engines}
+        models = {spec["model"]: draft for e in engines if (spec := e.get("speculative_config") or {})
+                  and spec.get("method") == request.get("method") and spec.get("model") not in targets | {None}}
     return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter, models=models)
 
 
