@@ -21,9 +21,8 @@ from .steptime import (default_prefill_params, default_step_time_params, engine_
                        with_proposer_prior)
 from .tco import best_operating_point, tco_report
 from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceInput,
-                    AcceptanceModel,
-                    Calibration, CostModelError, MeasuredEngineProfile, GpuSpec, ModelSpec, PrefillParams, Scenario, Slo, StepTimeParams,
-                    acceptance_key)
+                    AcceptanceModel, Calibration, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec,
+                    PrefillParams, Scenario, Slo, StepTimeParams, acceptance_key, minor_version)
 from .vllm_config import serve_flags, speculative_config
 
 CURVE_CONCURRENCY: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -141,7 +140,7 @@ def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec,
     """The measured profile of this GPU × vLLM version (major.minor of ``vllm_version``), or None."""
     if not vllm_version:
         return None
-    minor = ".".join(vllm_version.split(".")[:2])
+    minor = minor_version(vllm_version)
     return next((p for p in profiles if p.gpu == gpu.name and p.vllm_version == minor), None)
 
 
@@ -155,6 +154,9 @@ def calibration_mismatch(calibration: Calibration, s: Scenario, gpu: GpuSpec) ->
         out.append(f"measured at tensor-parallel size {calibration.tensor_parallel_size}, not {s.gpu_count}")
     if calibration.engine_mode == "eager" and gpu.gpu_class != "cpu":
         out.append("measured without CUDA graphs (enforce_eager); vLLM serves with them")
+    wanted = minor_version(s.vllm_version)
+    if wanted and calibration.vllm_version and calibration.vllm_version != wanted:
+        out.append(f"measured with vLLM {calibration.vllm_version}, not {wanted}")
     return tuple(out)
 
 

@@ -262,12 +262,13 @@ class Calibration:
     weights_dtype: str | None = None
     tensor_parallel_size: int | None = None
     engine_mode: str | None = None
+    vllm_version: str | None = None  # major.minor of the vLLM the run drove
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "hardware": self.hardware,
             "weights_dtype": self.weights_dtype, "tensor_parallel_size": self.tensor_parallel_size,
-            "engine_mode": self.engine_mode,
+            "engine_mode": self.engine_mode, "vllm_version": self.vllm_version,
             "step_time": {k: v.to_dict() for k, v in self.step_time.items()},
             "prefill": {k: v.to_dict() for k, v in self.prefill.items()},
             "acceptance": {k: v.to_dict() for k, v in self.acceptance.items()},
@@ -291,7 +292,13 @@ class Calibration:
             weights_dtype=data.get("weights_dtype"),
             tensor_parallel_size=int(data["tensor_parallel_size"]) if data.get("tensor_parallel_size") else None,
             engine_mode=data.get("engine_mode"),
+            vllm_version=minor_version(data.get("vllm_version")),
         )
+
+
+def minor_version(version: str | None) -> str | None:
+    """"0.24.0" -> "0.24" (None stays None)."""
+    return ".".join(str(version).split(".")[:2]) if version else None
 
 
 @dataclass(frozen=True)

@@ -198,4 +198,5 @@ def to_calibration(run: CalibrationRun) -> costmodel.Calibration:
         "max_batch_calibrated": max(run.config.get("batch_sizes") or [1]),
         "temperature_range": [min(temperatures), max(temperatures)],
         **measured_conditions(run.config, engine),
+        "vllm_version": (run.environment or {}).get("vllm_version"),
     })

@@ -114,3 +114,18 @@ def test_profile_gives_measured_answers(specs):
     # without a version the answer stays the uncalibrated, wide one
     wide = predict(_scenario("draft_model", 1, None), gpu, target, draft, samples=400).to_dict()
     assert wide["engine_profile"] is None and wide["decision"] != "go"
+
+
+def test_a_run_of_another_vllm_version_is_not_used(specs, fitted):
+    """A calibration applies only to the vLLM version it measured (calibration_mismatch)."""
+    import dataclasses
+
+    from advisor.costmodel import calibration_mismatch
+
+    gpu, target, draft = specs
+    cal = dataclasses.replace(fitted[0], vllm_version="0.24")
+    assert calibration_mismatch(cal, _scenario("ngram", 1, "0.24.1"), gpu) == ()
+    assert calibration_mismatch(cal, _scenario("ngram", 1, None), gpu) == ()
+    assert calibration_mismatch(cal, _scenario("ngram", 1, "0.33"), gpu) == ("measured with vLLM 0.24, not 0.33",)
+    ans = predict(_scenario("ngram", 1, "0.33"), gpu, target, None, cal, samples=200).to_dict()
+    assert ans["calibration_run_id"] is None and any("not 0.33" in r for r in ans["reasons"])
