@@ -34,7 +34,7 @@ import numpy as np
 
 from .memory import GB, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from .speculation import COPY_PROPOSER_S_PER_SEQ, MODEL_DRAFTERS
-from .steptime import ForwardCost, prefill_compute_s, weight_bytes_read
+from .steptime import ALLREDUCE_LATENCY_S, ForwardCost, weight_bytes_read
 from .types import CostModelError, PrefillParams, StepTimeParams
 
 MAX_REQUESTS = 20_000  # bound on requests per simulation (bad input beyond this is refused)
@@ -173,11 +173,12 @@ class _StepClock:
             return self.dense_weights
         return float(weight_bytes_read(cost, tokens))
 
-    def _allreduce(self, cost: ForwardCost, tokens: float) -> float:
+    @staticmethod
+    def _allreduce(cost: ForwardCost, tokens: float) -> float:
+        """Two all-reduces per layer (Megatron-LM TP, Shoeybi et al. 2019), as steptime.tp_allreduce_s."""
         g = cost.gpu_count
         if g == 1:
             return 0.0
-        from .steptime import ALLREDUCE_LATENCY_S  # Megatron-LM TP: two all-reduces per layer (steptime.py)
         return 2 * cost.num_layers * (ALLREDUCE_LATENCY_S
                                       + 2 * (g - 1) / g * tokens * cost.hidden_size * 2 / cost.interconnect_bytes_per_s)
 
@@ -204,7 +205,8 @@ class _StepClock:
                 t += s.rejection_sampling_s_per_seq * decodes + s.rejection_sampling_s_per_draft * decodes * self.f * self.k
             t += self._drafter_s(decodes, ctx_sum / decodes)
         if prefill_tokens and self.draft is not None:  # the drafter prefills the prompt chunks too (compute)
-            t += float(prefill_compute_s(self.draft, prefill_tokens, 1.0)) * self.draft.peak_flops_per_s \
+            d = self.draft
+            t += (prefill_tokens * d.flops_per_token + d.attn_flops_per_token_per_ctx * prefill_attn) \
                 * self.inv_f_draft_prefill
         return t
 

