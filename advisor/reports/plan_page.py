@@ -7,6 +7,7 @@ from typing import Any
 
 from markupsafe import Markup
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from . import plots
 from .formatting import fmt
@@ -51,24 +52,24 @@ def cost_svg(plan: dict[str, Any], salt: str = "plan") -> str:
             ax.barh([v - 0.2 for v in y], [s or 0 for s in spec], height=0.38, color=plots.COLOR_SPECULATIVE,
                     label="with speculation")
             finite = [v for v in base + spec if v]
-            if finite:
-                ax.set_xscale("log")
-                ax.set_xlim(min(finite) / 1.6, max(finite) * 2.5)
+            ax.set_xlim(0, max(finite) * 1.4 if finite else 1)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${plots._short(v)}"))
             for yy, b, s in zip(y, base, spec):
                 for offset, value in ((0.2, b), (-0.2, s)):
                     text = f"${plots._short(value)}" if value else "infeasible"
-                    x = value if value else (min(finite) / 1.5 if finite else 1)
+                    x = value if value else 0
                     ax.annotate(text, (x, yy + offset), xytext=(2, 0), textcoords="offset points", va="center",
                                 fontsize=6, color="black" if value else plots.COLOR_BAD)
             ax.set_yticks(y)
             ax.set_yticklabels(ranked, fontsize=7)
-            ax.set_title(f"{fmt(load)} req/s", fontsize=9)
-            ax.set_xlabel("monthly $ (log)")
+            ax.set_title(f"{load:g} req/s", fontsize=9)
+            ax.set_xlabel("monthly $")
             ax.grid(axis="y", visible=False)
         for ax in axes[len(loads):]:
             ax.set_visible(False)
-        axes[0].legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, 0.97))
         return plots._to_svg(fig, "monthly cost per option, with and without speculation, per load level")
 
 
@@ -76,12 +77,13 @@ def plan_page(plan: dict[str, Any]) -> str:
     req = plan.get("request") or {}
     q = (plan.get("slo") or {}).get("percentile")
     title = f"Capacity plan #{plan.get('id')}: {req.get('target_model')} at " + \
-        ", ".join(f"{fmt(x)}" for x in plan.get("loads_requests_per_second") or []) + " req/s"
+        ", ".join(f"{x:g}" for x in plan.get("loads_requests_per_second") or []) + " req/s"
+    pct = f"{q:g}" if isinstance(q, (int, float)) else ""
     gpus: dict[str, dict[str, Any]] = {}
     for o in plan.get("options") or []:
         src = o.get("sources") or {}
         gpus.setdefault(o.get("gpu"), {"gpu": o.get("gpu"), "gpu_hour_usd": o.get("gpu_hour_usd"),
                                        "price_source": src.get("gpu_hour_usd"), "step_time": src.get("step_time")})
     return _ENV.get_template("plan.html").render(
-        plan=plan, req=req, title=title, gpus=list(gpus.values()), q=fmt(q), q_key=f"{q:g}" if isinstance(q, (int, float)) else "",
-        plot=Markup(cost_svg(plan, salt=f"plan{plan.get('id', '')}")), fmt=fmt)
+        plan=plan, req=req, title=title, gpus=list(gpus.values()), q=pct,
+        plot=Markup(cost_svg(plan, salt=f"plan{plan.get('id', '')}")))
