@@ -491,7 +491,7 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
     duration = float(np.nanmax(finish_a) - arrival[0]) if mask.any() else t
     return SimResult(ttft_s=ttft, tpot_s=tpot, latency_s=latency, finished=int((~np.isnan(finish_a)).sum()),
                      requests=n_req, duration_s=duration, output_tokens=out_tokens, steps=steps,
-                     preemptions=preemptions, mean_decode_batch=batch_steps / max(steps, 1), saturated=saturated,
+                     preemptions=preemptions, mean_decode_batch=batch_steps / max(cycle, 1), saturated=saturated,
                      events=events)
 
 
