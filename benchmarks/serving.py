@@ -111,7 +111,7 @@ def calibration_of(records: list[dict]):
     return gpu, target, cal, fits
 
 
-def kv_capacity_tokens(records: list[dict]) -> int:
+def kv_tokens_of(records: list[dict]) -> int:
     """KV slots of the target engine as vLLM reported them at start-up (memory probe)."""
     from calibration.fit import normalize
 
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> ServingResult:
         records = probe_records(python, model, workdir, log, args.kv_cache_space_gib)
         (workdir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     gpu, target, cal, fits = calibration_of(records)
-    kv_tokens = kv_capacity_tokens(records)
+    kv_tokens = kv_tokens_of(records)
     phase["calibrate"] = time.perf_counter() - t
 
     dataset = prompts_file(workdir)

@@ -4,7 +4,8 @@ For each GPU × tensor-parallel size × {no speculation, the best speculation co
 1. memory: does the target (and the drafter) fit, and how many KV slots remain (:func:`.memory.memory_report`);
 2. the highest per-replica arrival rate λ* whose simulated percentiles meet the SLO (:func:`.simulate.simulate`,
    Poisson arrivals, seeded: every rate sees the same draws scaled, so the search is monotone): check at near-idle
-   load (else "SLO unreachable at any load"), step down from the engine's throughput bound until the SLO holds,
+   load (else "SLO unreachable at any load"), step down from just below the replica's steady-state capacity
+   (:func:`capacity_rps`: above it the queue grows without end, whatever a finite run shows) until the SLO holds,
    then bisect to ``RATE_TOLERANCE``;
 3. per load level L: replicas n = ⌈L / λ*⌉ (load spread evenly, each replica a Poisson stream of L/n), simulated at
    L/n for the percentiles, concurrency (Little's law: λ·E[latency]), headroom, $/month = n · TP · $/GPU-h · h/month
@@ -31,6 +32,7 @@ TP_SIZES = (1, 2, 4, 8)
 MAX_TP_CHOICES = 3  # default: the smallest TP that fits and the next two doublings (up to 8)
 MAX_K = 6  # longest draft the planner considers
 RATE_TOLERANCE = 0.05  # relative precision of λ*
+STABLE_UTILISATION = 0.97  # the search starts just below the steady-state capacity
 SIM_REQUESTS = 200  # requests per simulated rate
 IDLE_REQUESTS = 40
 WARMUP_FRACTION = 0.1
@@ -153,37 +155,40 @@ def _meets(plan: PlanInput, sim: SimResult) -> bool:
     return not sim.saturated and all(v <= targets[m] for m, v in _values(plan, sim).items())
 
 
-def throughput_bound_rps(plan: PlanInput, mode: _Mode) -> float:
-    """Requests/s one replica can finish at its largest batch (decode at max batch + each prompt's prefill)."""
+def capacity_rps(plan: PlanInput, mode: _Mode) -> float:
+    """Steady-state requests/s of one replica kept full (the most it can sustain; a higher arrival rate queues
+    without end): B requests decode together, B·E[tokens per cycle]/output of them finish per step and as many
+    prompts are prefilled in the same step (chunked prefill rides along with the decodes, within the token budget).
+    B = max_num_seqs, or what the KV cache holds at the mean context."""
     clock = _StepClock(mode.model, mode.spec)
-    ctx = plan.prompt_tokens + plan.output_tokens
-    batch = max(1, min(mode.limits.max_num_seqs, mode.limits.kv_capacity_tokens // max(ctx, 1)))
+    lim, k = mode.limits, (mode.spec.k if mode.spec else 0)
     mean_ctx = plan.prompt_tokens + plan.output_tokens / 2.0
+    per_seq_kv = mean_ctx + k + lim.block_size / 2.0
+    batch = max(1, min(lim.max_num_seqs, int(lim.kv_capacity_tokens // per_seq_kv)))
     tokens_per_cycle = float(mode.spec.tokens_pmf() @ np.arange(1, mode.spec.k + 2)) if mode.spec else 1.0
-    step = clock(batch, batch * mean_ctx, 0.0, 0.0, 0.0)
-    decode_s = plan.output_tokens * step / (batch * tokens_per_cycle)
-    prefill_s = clock(0, 0.0, float(plan.prompt_tokens), plan.prompt_tokens ** 2 / 2.0, 0.0)
-    return 1.0 / (decode_s + prefill_s)
+    finishing = batch * tokens_per_cycle / plan.output_tokens  # requests leaving (and entering) per step
+    prompt_tokens = min(finishing * plan.prompt_tokens, max(lim.max_num_batched_tokens - batch * (1 + k), 1))
+    step = clock(batch, batch * mean_ctx, prompt_tokens, prompt_tokens * plan.prompt_tokens / 2.0, 0.0)
+    steps_per_request = plan.prompt_tokens / prompt_tokens  # prompt tokens per step bound the admissions too
+    return min(finishing, 1.0 / steps_per_request) / step
 
 
 def max_rate(plan: PlanInput, mode: _Mode) -> tuple[float, str | None]:
-    """λ*: the highest per-replica rate meeting the SLO (0 with the reason when none does)."""
-    bound = throughput_bound_rps(plan, mode)
-    idle = bound / 200.0
+    """λ*: the highest per-replica rate meeting the SLO (0 with the reason when none does), below the replica's
+    steady-state capacity (a finite simulation above it would show a transient, not a service level)."""
+    capacity = capacity_rps(plan, mode)
+    idle = capacity / 200.0
     sim = _run(plan, mode, idle, IDLE_REQUESTS)
     if not _meets(plan, sim):
-        worst = _violations(plan, sim)
-        return 0.0, "SLO unreachable at any load: " + "; ".join(worst) + " on an idle replica"
-    lo, hi = idle, None
-    rate = bound * 1.1
+        return 0.0, "SLO unreachable at any load: " + "; ".join(_violations(plan, sim)) + " on an idle replica"
+    lo, hi = idle, capacity
+    rate = capacity * STABLE_UTILISATION
     while rate > lo * (1 + RATE_TOLERANCE):  # step down by halves until the SLO holds
         if _meets(plan, _run(plan, mode, rate)):
             lo = rate
             break
         hi = rate
         rate /= 2.0
-    if hi is None:
-        return lo, None
     while hi / lo > 1 + RATE_TOLERANCE:  # geometric bisection
         mid = math.sqrt(lo * hi)
         if _meets(plan, _run(plan, mode, mid)):
@@ -318,6 +323,7 @@ def _row(plan: PlanInput, offer: GpuOffer, tp: int, mode: str, speculator: dict 
     return {"key": f"{offer.gpu.name}/tp{tp}/{mode}", "gpu": offer.gpu.name, "tensor_parallel_size": tp,
             "mode": mode, "speculator": speculator, "feasible": False, "infeasible_reason": None,
             "gpu_hour_usd": offer.gpu_hour_usd, "max_requests_per_second_per_replica": None,
+            "capacity_requests_per_second_per_replica": None,
             "kv_capacity_tokens": None, "loads": [],
             "sources": {"gpu_hour_usd": offer.price_source, "step_time": offer.timing_source,
                         "latency": "simulation"}}
@@ -337,6 +343,7 @@ def _fill(plan: PlanInput, row: dict[str, Any], mode: _Mode, offer: GpuOffer, tp
         row["_batch"] = 1.0
         return _infeasible(row, why)
     row["max_requests_per_second_per_replica"] = lam
+    row["capacity_requests_per_second_per_replica"] = capacity_rps(plan, mode)
     row["_batch"] = max(_run(plan, mode, lam).mean_decode_batch, 1.0)
     q = plan.slo.percentile
     targets = plan.slo.targets()

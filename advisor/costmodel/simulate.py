@@ -167,6 +167,14 @@ class _StepClock:
         self.draft_step = model.draft_step or s
         self.copy_s_per_seq = COPY_PROPOSER_S_PER_SEQ.get(spec.method, 0.0) if spec else 0.0
         self.inv_f_draft_prefill = 1.0 / (self.draft.peak_flops_per_s * p.compute_efficiency) if self.draft else 0.0
+        # target all-reduce time = ar0 + ar1·tokens (two per layer: Megatron-LM TP, Shoeybi et al. 2019)
+        g = c.gpu_count
+        self.ar0 = 2 * c.num_layers * ALLREDUCE_LATENCY_S if g > 1 else 0.0
+        self.ar1 = 2 * c.num_layers * 2 * (g - 1) / g * c.hidden_size * 2 / c.interconnect_bytes_per_s if g > 1 else 0.0
+        self.q = 1.0 + self.f * self.k  # tokens per decoding sequence in a step (verify: 1 + f·k)
+        self.kv = c.kv_bytes_per_ctx_token
+        self.flops, self.attn = c.flops_per_token, c.attn_flops_per_token_per_ctx
+        self.inv_p = 1.0 / self.p
 
     def _weights(self, cost: ForwardCost, tokens: float) -> float:
         if cost is self.c and self.dense_weights is not None:
@@ -187,17 +195,16 @@ class _StepClock:
         """Seconds for a step of ``decodes`` decoding requests (total context ``ctx_sum``) plus prompt chunks of
         ``prefill_tokens`` tokens (causal attention FLOP weight ``prefill_attn`` = Σ chunk·(start + chunk/2), KV
         read ``prefill_ctx``)."""
-        c = self.c
-        q = 1.0 + self.f * self.k if decodes else 0.0  # tokens per decoding sequence (verify: 1 + f·k)
+        q = self.q
         dec_tokens = decodes * q
         tokens = dec_tokens + prefill_tokens
-        mem = (self._weights(c, tokens) + (ctx_sum + prefill_ctx) * c.kv_bytes_per_ctx_token) * self.inv_bw
-        comp = ((dec_tokens * c.flops_per_token + c.attn_flops_per_token_per_ctx * q * ctx_sum) * self.inv_f_decode
-                + (prefill_tokens * c.flops_per_token + c.attn_flops_per_token_per_ctx * prefill_attn)
-                * self.inv_f_prefill)
+        weights = self.dense_weights if self.dense_weights is not None else self._weights(self.c, tokens)
+        mem = (weights + (ctx_sum + prefill_ctx) * self.kv) * self.inv_bw
+        comp = ((dec_tokens * self.flops + self.attn * q * ctx_sum) * self.inv_f_decode
+                + (prefill_tokens * self.flops + self.attn * prefill_attn) * self.inv_f_prefill)
         p = self.p
         t = (self.fixed_prefill if prefill_tokens else self.fixed_decode) + self.layer_s \
-            + self._allreduce(c, tokens) + (mem ** p + comp ** p) ** (1.0 / p)
+            + (self.ar0 + self.ar1 * tokens if self.ar0 else 0.0) + (mem ** p + comp ** p) ** self.inv_p
         if decodes and self.k:
             s = self.s
             t += s.verify_overhead_s + decodes * s.per_sequence_overhead_s
@@ -427,9 +434,8 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
             while heap and _stale(heap[0]):  # lazy deletion of preempted requests' entries
                 heapq.heappop(heap)
             n = max(heap[0][0] - cycle, 1) if heap else 1
-            dt0 = clock(b, ctx_now, 0.0, 0.0, 0.0)
-            admissible = not waiting and b < limits.max_num_seqs
-            if admissible and nxt < n_req and arrival_l[nxt] <= horizon:
+            if not waiting and b < limits.max_num_seqs and nxt < n_req and arrival_l[nxt] <= horizon:
+                dt0 = clock(b, ctx_now, 0.0, 0.0, 0.0)  # the next arrival can join: stop the stretch there
                 n = max(1, min(n, math.ceil((arrival_l[nxt] - t) / dt0)))
             if ctx_r > 0:  # KV overflow ahead: stop the stretch there (preemption happens at the next step)
                 room = cap - kv_prefill - (ctx_a + b * (k + block / 2.0))
