@@ -60,6 +60,7 @@ class Row:
     measured_throughput_tok_s: float
     simulated_throughput_tok_s: float
     max_concurrency: int | None = None
+    others_cpu: float = 0.0  # share of the CPUs other processes used during the run (shared machine)
 
     @property
     def worst(self) -> float:
@@ -100,6 +101,19 @@ def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int
         raise RuntimeError(f"calibration probes failed (exit {rc}); see {log}")
     data = json.loads(out.read_text())
     return [m for key in ("memory", "step_timings", "prefill_timings", "acceptance") for m in data[key]]
+
+
+def wait_for_quiet(max_wait_s: float) -> float:
+    from benchmarks.closed_loop import wait_for_quiet as wait
+
+    return wait(max_wait_s)
+
+
+def guarded(measure, label: str, attempts: int):
+    """The closed-loop benchmark's guard: redo a run while other processes took a share of the 2 cores."""
+    from benchmarks.closed_loop import guarded as guard
+
+    return guard(measure, label, attempts)
 
 
 def calibration_of(records: list[dict]):
@@ -144,7 +158,7 @@ def start_server(python: str, model: str, speculative: dict | None, log: Path, k
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "smollm2",
            "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
            "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
-           "--seed", "0"]
+           "--seed", "0", "--no-enable-prefix-caching"]  # distinct prompts, as the simulation assumes
     if speculative:
         cmd += ["--speculative-config", json.dumps(speculative)]
     lf = log.open("a")
@@ -183,7 +197,7 @@ def prompts_file(workdir: Path) -> Path:
 
 
 def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, output_len: int, seed: int,
-          workdir: Path) -> dict[str, Any]:
+          workdir: Path, label: str) -> dict[str, Any]:
     """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency."""
     from vllm.benchmarks.serve import add_cli_args as bench_args, main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -195,7 +209,8 @@ def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, ou
         "--tokenizer", model, "--dataset-name", "custom", "--dataset-path", str(dataset),
         "--custom-output-len", str(output_len), "--num-prompts", str(num_prompts), "--request-rate", str(rate),
         "--seed", str(seed), "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", "50,90", "--disable-tqdm", "--result-dir", str(workdir)])
+        "--metric-percentiles", "50,90", "--disable-tqdm", "--result-dir", str(workdir), "--save-result",
+        "--save-detailed", "--result-filename", f"bench-{label}.json"])
     return bench_main(args)
 
 
@@ -249,7 +264,7 @@ def compare(mode: str, rate: float, run: dict[str, Any], sim) -> Row:
 
 def format_table(rows: list[Row]) -> str:
     head = ("| mode | rate (req/s) | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms | TPOT p50 meas / sim ms "
-            "| TPOT p90 meas / sim ms | output tok/s meas / sim |\n|---|--:|--:|--:|--:|--:|--:|--:|")
+            "| TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     lines = [head]
     for r in rows:
         cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.0f} %)"
@@ -257,7 +272,8 @@ def format_table(rows: list[Row]) -> str:
                  f"{r.measured_ms[k]:.1f} / {r.simulated_ms[k]:.1f} ({100 * r.errors[k]:+.0f} %)"
                  for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]
         lines.append(f"| {r.mode} | {r.rate:g} | {r.requests} | " + " | ".join(cells)
-                     + f" | {r.measured_throughput_tok_s:.0f} / {r.simulated_throughput_tok_s:.0f} |")
+                     + f" | {r.measured_throughput_tok_s:.0f} / {r.simulated_throughput_tok_s:.0f} "
+                     f"| {100 * r.others_cpu:.0f} % |")
     return "\n".join(lines)
 
 
@@ -277,61 +293,79 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-space-gib", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--reanalyse", default=None, metavar="WORKDIR",
+                        help="simulate and compare an earlier run's records.jsonl and runs.json (no vLLM)")
     parser.add_argument("--output", "-o", default=None, help="write the result as JSON here")
+    parser.add_argument("--attempts", type=int, default=2, help="runs per rate while other processes disturb it")
+    parser.add_argument("--max-wait-quiet", type=float, default=120.0,
+                        help="seconds to wait for other CPU load to stop before each server starts")
     parser.add_argument("--max-error", type=float, default=TARGET_ERROR,
                         help="exit 1 when a percentile misses by more than this")
+
+
+RUN_KEYS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens", "errors", "output_throughput",
+            "max_concurrent_requests", "duration")
+
+
+def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, Any]:
+    """Start each mode's server, run the bench at each rate; the runs (also written to ``runs.json``)."""
+    python, log = sys.executable, workdir / "engines.log"
+    dataset = prompts_file(workdir)
+    runs: dict[str, Any] = {}
+    for mode in [m for m in args.modes.split(",") if m]:
+        spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 5} if mode == "ngram" else None
+        wait_for_quiet(args.max_wait_quiet)
+        proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
+        try:
+            for rate in [float(x) for x in args.rates.split(",") if x]:
+                n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
+                label = f"{mode}-{rate:g}"
+                t = time.perf_counter()
+                result, others = guarded(lambda: bench(url, model, dataset, rate, n, args.output_len, args.seed,
+                                                       workdir, label), label, attempts=args.attempts)
+                runs[label] = {"mode": mode, "rate": rate, "others_cpu": others, "wall_s": time.perf_counter() - t,
+                               **{k: result.get(k) for k in RUN_KEYS}}
+                (workdir / "runs.json").write_text(json.dumps(runs))
+        finally:
+            stop_server(proc)
+    return runs
 
 
 def run(args: argparse.Namespace) -> ServingResult:
     from calibration.models import prepare_smollm2
 
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="serving-"))
+    workdir = Path(args.reanalyse or args.workdir or tempfile.mkdtemp(prefix="serving-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "engines.log"
-    python = sys.executable
-    model = args.model or str(prepare_smollm2())
     phase: dict[str, float] = {}
     t = time.perf_counter()
-    if args.records:
-        records = [json.loads(line) for line in Path(args.records).read_text().splitlines() if line.strip()]
+    records_path = Path(args.records) if args.records else workdir / "records.jsonl"
+    if args.records or args.reanalyse:
+        records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+        model = args.model or ""
     else:
-        records = probe_records(python, model, workdir, log, args.kv_cache_space_gib)
-        (workdir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        model = args.model or str(prepare_smollm2())
+        records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib)
+        records_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     gpu, target, cal, fits = calibration_of(records)
     kv_tokens = kv_tokens_of(records)
     phase["calibrate"] = time.perf_counter() - t
-
-    dataset = prompts_file(workdir)
-    rates = [float(x) for x in args.rates.split(",") if x]
-    modes = [m for m in args.modes.split(",") if m]
-    rows: list[Row] = []
-    runs: dict[str, Any] = {}
-    for mode in modes:
-        spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
-                "prompt_lookup_max": 5} if mode == "ngram" else None
+    if args.reanalyse:
+        runs = json.loads((workdir / "runs.json").read_text())
+    else:
+        model = model or args.model or str(prepare_smollm2())
         t = time.perf_counter()
-        proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
-        phase[f"start {mode}"] = time.perf_counter() - t
-        try:
-            for rate in rates:
-                t = time.perf_counter()
-                n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
-                result = bench(url, model, dataset, rate, n, args.output_len, args.seed, workdir)
-                phase[f"bench {mode} {rate:g}"] = time.perf_counter() - t
-                runs[f"{mode}@{rate:g}"] = {k: result.get(k) for k in (
-                    "start_times", "ttfts", "latencies", "input_lens", "output_lens", "errors", "output_throughput",
-                    "max_concurrent_requests", "duration")}
-                sim = simulate_run(result, gpu, target, cal, kv_tokens, mode == "ngram")
-                row = compare(mode, rate, result, sim)
-                rows.append(row)
-                print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
-        finally:
-            stop_server(proc)
-    (workdir / "runs.json").write_text(json.dumps(runs))
-    settings = {"model": model, "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+        runs = measure(args, workdir, model)
+        phase["measure"] = time.perf_counter() - t
+    rows = []
+    for run_ in runs.values():
+        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram")
+        row = compare(run_["mode"], run_["rate"], run_, sim)
+        row.others_cpu = run_["others_cpu"]
+        rows.append(row)
+    settings = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                 "kv_capacity_tokens": kv_tokens, "block_size": BLOCK_SIZE_CPU, "k": K, "structure": STRUCTURE,
-                "output_len": args.output_len, "records": args.records or str(workdir / "records.jsonl"),
-                "workdir": str(workdir)}
+                "output_len": args.output_len, "records": str(records_path), "workdir": str(workdir)}
     return ServingResult(rows, {"fits": fits}, settings, phase)
 
 
