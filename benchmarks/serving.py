@@ -119,9 +119,11 @@ def guarded(measure, label: str, attempts: int):
 def calibration_of(records: list[dict]):
     """Fit the records into one ``Calibration`` (the closed-loop benchmark's fitting of probe records)."""
     from benchmarks.closed_loop import build_calibration, load_catalog
+    from calibration.fit import normalize
 
     gpu, target = load_catalog()
-    cal, fits = build_calibration(records, gpu, target)
+    stored = [{"probe": r.probe, "params": {"engine": r.engine}, "values": r.values} for r in map(normalize, records)]
+    cal, fits = build_calibration(stored, gpu, target)
     return gpu, target, cal, fits
 
 
