@@ -39,7 +39,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 TARGET_ERROR = 0.15
-DEFAULT_RATES = (0.5, 2.0, 4.0)  # requests/s: light, loaded, saturated (2 CPU cores, max_num_seqs 16)
+DEFAULT_RATES = (0.5, 1.0, 3.0)  # requests/s: light, loaded, saturated (the server finishes ~1.8 req/s here)
 K = 4
 STRUCTURE = "code"
 BLOCK_SIZE_CPU = 128  # vLLM CPU backend KV block (the memory probe reports it)
@@ -199,7 +199,7 @@ def prompts_file(workdir: Path) -> Path:
 
 
 def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, output_len: int, seed: int,
-          workdir: Path, label: str) -> dict[str, Any]:
+          workdir: Path, label: str, max_concurrency: int | None = None) -> dict[str, Any]:
     """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency."""
     from vllm.benchmarks.serve import add_cli_args as bench_args, main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -212,12 +212,14 @@ def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, ou
         "--custom-output-len", str(output_len), "--num-prompts", str(num_prompts), "--request-rate", str(rate),
         "--seed", str(seed), "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", "50,90", "--disable-tqdm", "--result-dir", str(workdir), "--save-result",
-        "--save-detailed", "--result-filename", f"bench-{label}.json"])
+        "--save-detailed", "--result-filename", f"bench-{label}.json"]
+        + (["--max-concurrency", str(max_concurrency)] if max_concurrency else []))
     return bench_main(args)
 
 
 # --------------------------------------------------------------------------------------------- simulation
-def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculative: bool) -> Any:
+def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculative: bool,
+                 frontend: dict[str, float] | None = None) -> Any:
     """The simulation of one measured run: its arrivals and token counts, the calibration's fits."""
     import numpy as np
 
@@ -231,7 +233,8 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     order = np.argsort(starts)
     ok = [ok[i] for i in order]
     arrivals = np.asarray(run["start_times"], dtype=float)[ok]
-    model = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name])
+    model = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name],
+                      **(frontend or {}))
     spec = None
     if speculative:
         acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
@@ -242,6 +245,51 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
                       output_tokens=[run["output_lens"][i] for i in ok], arrival_s=(arrivals - arrivals[0]).tolist(),
                       seed=1)
     return simulate(model, limits, traffic, spec)
+
+
+PROBE_CONCURRENCY = (1, 8)  # closed-loop serving probe: requests kept in flight
+PROBE_PROMPTS = {1: 6, 8: 24}
+
+
+def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path) -> dict[int, dict]:
+    """Calibration of the served engine (not a validation point): ``vllm bench serve`` closed loop (no arrival
+    process: c requests always in flight) at c = 1 and 8; per-request TTFT, TPOT and lengths."""
+    out = {}
+    for c in PROBE_CONCURRENCY:
+        result, others = guarded(lambda: bench(url, model, dataset, math.inf, PROBE_PROMPTS[c], output_len, 1,
+                                               workdir, f"probe-c{c}", c), f"probe-c{c}", attempts=2)
+        out[c] = {"others_cpu": others, **{k: result.get(k) for k in RUN_KEYS}}
+    return out
+
+
+def fit_frontend(probe: dict[int, dict], gpu, target, cal) -> dict[str, float]:
+    """The serving front end's cost on shared cores, from the closed-loop probe: measured − modelled TTFT at c = 1
+    (a latency before the scheduler sees the request), and measured − modelled step time at c = 1 and c = 8 as
+    a + b·B (engine time per step and per decoding sequence). Modelled = the step-time and prefill fits at the probe's
+    mean lengths, with the prompt chunks of the requests that replace finished ones in the same steps."""
+    import numpy as np
+
+    from advisor.costmodel.simulate import StepModel, _StepClock
+    from advisor.costmodel.steptime import forward_cost
+
+    clock = _StepClock(StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name]),
+                       None)
+    excess = {}
+    latency = 0.0
+    for c, run in probe.items():
+        ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 1]
+        p = float(np.mean([run["input_lens"][i] for i in ok]))
+        o = float(np.mean([run["output_lens"][i] for i in ok]))
+        tpot = float(np.median([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1) for i in ok]))
+        if c == 1:
+            latency = max(float(np.median([run["ttfts"][i] for i in ok])) - clock(0, 0.0, p, p * p / 2.0, 0.0), 0.0)
+        prompts = (c - 1) * p / o  # others' prompt tokens per step (each finishes and is replaced every o steps)
+        step = clock(c, c * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
+        excess[c] = tpot - step
+    (c1, e1), (c2, e2) = sorted(excess.items())
+    per_seq = max((e2 - e1) / (c2 - c1), 0.0)
+    return {"frontend_s_per_step": max(e1 - per_seq * c1, 0.0), "frontend_s_per_seq": per_seq,
+            "frontend_latency_s": latency}
 
 
 def measured_ms(run: dict[str, Any]) -> dict[str, float]:
@@ -320,6 +368,9 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
         wait_for_quiet(args.max_wait_quiet)
         proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
         try:
+            if mode == "baseline":
+                probe = serving_probe(url, model, dataset, args.output_len, workdir)
+                (workdir / "probe.json").write_text(json.dumps(probe))
             for rate in [float(x) for x in args.rates.split(",") if x]:
                 n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
                 label = f"{mode}-{rate:g}"
@@ -359,16 +410,21 @@ def run(args: argparse.Namespace) -> ServingResult:
         t = time.perf_counter()
         runs = measure(args, workdir, model)
         phase["measure"] = time.perf_counter() - t
+    probe_path = workdir / "probe.json"
+    frontend = None
+    if probe_path.exists():
+        probe = {int(c): v for c, v in json.loads(probe_path.read_text()).items()}
+        frontend = fit_frontend(probe, gpu, target, cal)
     rows = []
     for run_ in runs.values():
-        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram")
+        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend)
         row = compare(run_["mode"], run_["rate"], run_, sim)
         row.others_cpu = run_["others_cpu"]
         rows.append(row)
     settings = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                 "kv_capacity_tokens": kv_tokens, "block_size": BLOCK_SIZE_CPU, "k": K, "structure": STRUCTURE,
                 "output_len": args.output_len, "records": str(records_path), "workdir": str(workdir)}
-    return ServingResult(rows, {"fits": fits}, settings, phase)
+    return ServingResult(rows, {"fits": fits, "frontend": frontend}, settings, phase)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -379,6 +435,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"\nwithin {100 * args.max_error:.0f} %: {result.within_target}/{result.cells} percentiles; "
           f"worst {100 * result.worst_error:.0f} %")
     print(format_summary(result.calibration["fits"]))
+    print(f"serving front end (closed-loop probe): {result.calibration['frontend']}")
     print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in result.phase_s.items()))
     if args.output:
         Path(args.output).write_text(json.dumps(dataclasses.asdict(result), indent=2, default=str) + "\n")

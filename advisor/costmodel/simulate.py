@@ -84,6 +84,13 @@ class StepModel:
     draft: ForwardCost | None = None  # a drafter model (draft_model / EAGLE / MTP); None for n-gram and baselines
     draft_step: StepTimeParams | None = None
     temperature: float = 0.0
+    # A serving front end (HTTP, tokenisation, detokenising and streaming each new token) that shares the engine's
+    # cores: engine time lost per step and per decoding sequence per step, and the delay before a request reaches
+    # the scheduler. 0 where the front end has cores of its own (GPU hosts); calibrated by a closed-loop serving
+    # probe on CPU hosts (benchmarks/serving.py).
+    frontend_s_per_step: float = 0.0
+    frontend_s_per_seq: float = 0.0
+    frontend_latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,7 @@ class _StepClock:
         self.kv = c.kv_bytes_per_ctx_token
         self.flops, self.attn = c.flops_per_token, c.attn_flops_per_token_per_ctx
         self.inv_p = 1.0 / self.p
+        self.fe_step, self.fe_seq = model.frontend_s_per_step, model.frontend_s_per_seq
 
     def _weights(self, cost: ForwardCost, tokens: float) -> float:
         if cost is self.c and self.dense_weights is not None:
@@ -204,7 +212,8 @@ class _StepClock:
                 + (prefill_tokens * self.flops + self.attn * prefill_attn) * self.inv_f_prefill)
         p = self.p
         t = (self.fixed_prefill if prefill_tokens else self.fixed_decode) + self.layer_s \
-            + (self.ar0 + self.ar1 * tokens if self.ar0 else 0.0) + (mem ** p + comp ** p) ** self.inv_p
+            + (self.ar0 + self.ar1 * tokens if self.ar0 else 0.0) + (mem ** p + comp ** p) ** self.inv_p \
+            + self.fe_step + self.fe_seq * decodes
         if decodes and self.k:
             s = self.s
             t += s.verify_overhead_s + decodes * s.per_sequence_overhead_s
@@ -305,7 +314,8 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
     budget_max = limits.max_num_batched_tokens
     horizon = traffic.horizon_s if traffic.horizon_s is not None else math.inf
 
-    arrival_l, prompt_l, output_l = arrival.tolist(), prompt.tolist(), output.tolist()
+    arrival_l = (arrival + model.frontend_latency_s).tolist()  # when each request reaches the scheduler
+    prompt_l, output_l = prompt.tolist(), output.tolist()
     cycles_l, rate_l = cycles_needed.tolist(), rate.tolist()
     first = [math.nan] * n_req
     finish = [math.nan] * n_req
