@@ -224,14 +224,22 @@ def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, ou
 
 
 # --------------------------------------------------------------------------------------------- simulation
+def spec_decode(cal):
+    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0."""
+    from advisor.costmodel import acceptance_key
+    from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
+    from advisor.costmodel.simulate import SpecDecode
+
+    acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
+    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)), draft_fraction_at(acc, 0.0))
+
+
 def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculative: bool,
                  frontend: dict[str, float] | None = None) -> Any:
     """The simulation of one measured run: its arrivals and token counts, the calibration's fits."""
     import numpy as np
 
-    from advisor.costmodel import acceptance_key
-    from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
-    from advisor.costmodel.simulate import EngineLimits, SpecDecode, StepModel, Traffic, simulate
+    from advisor.costmodel.simulate import EngineLimits, StepModel, Traffic, simulate
     from advisor.costmodel.steptime import forward_cost
 
     ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 0]
@@ -241,11 +249,7 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     arrivals = np.asarray(run["start_times"], dtype=float)[ok]
     model = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name],
                       **(frontend or {}))
-    spec = None
-    if speculative:
-        acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
-        spec = SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)),
-                          draft_fraction_at(acc, 0.0))
+    spec = spec_decode(cal) if speculative else None
     limits = EngineLimits(kv_tokens, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE_CPU)
     traffic = Traffic(prompt_tokens=[run["input_lens"][i] for i in ok],
                       output_tokens=[run["output_lens"][i] for i in ok], arrival_s=(arrivals - arrivals[0]).tolist(),
@@ -268,7 +272,7 @@ def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir:
     return out
 
 
-def fit_frontend(probe: dict[int, dict], gpu, target, cal) -> dict[str, float]:
+def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[str, float]:
     """The serving front end's cost on shared cores, from the closed-loop probe: measured − modelled TTFT at c = 1
     (a latency before the scheduler sees the request), and measured − modelled step time at c = 1 and c = 8 as
     a + b·B (engine time per step and per decoding sequence). Modelled = the step-time and prefill fits at the probe's
@@ -279,7 +283,8 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal) -> dict[str, float]:
     from advisor.costmodel.steptime import forward_cost
 
     clock = _StepClock(StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name]),
-                       None)
+                       spec)
+    per_cycle = float(spec.tokens_pmf() @ np.arange(1, spec.k + 2)) if spec else 1.0  # tokens per step
     excess = {}
     latency = 0.0
     for c, run in probe.items():
@@ -289,9 +294,9 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal) -> dict[str, float]:
         tpot = float(np.median([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1) for i in ok]))
         if c == 1:
             latency = max(float(np.median([run["ttfts"][i] for i in ok])) - clock(0, 0.0, p, p * p / 2.0, 0.0), 0.0)
-        prompts = (c - 1) * p / o  # others' prompt tokens per step (each finishes and is replaced every o steps)
+        prompts = (c - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
         step = clock(c, c * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
-        excess[c] = tpot - step
+        excess[c] = tpot * per_cycle - step
     (c1, e1), (c2, e2) = sorted(excess.items())
     per_seq = max((e2 - e1) / (c2 - c1), 0.0)
     return {"frontend_s_per_step": max(e1 - per_seq * c1, 0.0), "frontend_s_per_seq": per_seq,
@@ -420,7 +425,7 @@ def run(args: argparse.Namespace) -> ServingResult:
         probe_path = workdir / f"probe-{mode}.json"
         if probe_path.exists():
             probe = {int(c): v for c, v in json.loads(probe_path.read_text()).items()}
-            frontend[mode] = fit_frontend(probe, gpu, target, cal)
+            frontend[mode] = fit_frontend(probe, gpu, target, cal, spec_decode(cal) if mode == "ngram" else None)
     rows = []
     for run_ in runs.values():
         sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend.get(run_["mode"]))
