@@ -5,7 +5,7 @@
    :func:`calibration.fit.fit_run` into a ``Calibration`` (or ``--records``: stored probe records, e.g. the test
    suite's CPU-2core run).
 2. **serving probe** (calibration, not validation) -- on each mode's server, ``vllm bench serve`` closed
-   loop (c = 1 and c = 8 requests always in flight, no arrival process): the serving front end (HTTP,
+   loop (c = 1 and c = 16 requests always in flight, no arrival process): the serving front end (HTTP,
    tokenisation, detokenising and streaming every token) shares the 2 cores with the engine here, which costs
    engine time per step and per decoding sequence and delays admission; :func:`fit_frontend` measures it against
    the offline fits.
@@ -257,8 +257,8 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     return simulate(model, limits, traffic, spec)
 
 
-PROBE_CONCURRENCY = (1, 8)  # closed-loop serving probe: requests kept in flight
-PROBE_PROMPTS = {1: 6, 8: 24}
+PROBE_CONCURRENCY = (1, MAX_NUM_SEQS)  # closed-loop serving probe: requests kept in flight (alone, full batch)
+PROBE_PROMPTS = {1: 6, MAX_NUM_SEQS: 40}
 
 
 def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str) -> dict[int, dict]:
@@ -273,34 +273,39 @@ def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir:
 
 
 def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[str, float]:
-    """The serving front end's cost on shared cores, from the closed-loop probe: measured − modelled TTFT at c = 1
-    (a latency before the scheduler sees the request), and measured − modelled step time at c = 1 and c = 8 as
-    a + b·B (engine time per step and per decoding sequence). Modelled = the step-time and prefill fits at the probe's
-    mean lengths, with the prompt chunks of the requests that replace finished ones in the same steps."""
+    """The serving front end's cost on shared cores, from the closed-loop probe at c = 1 and c = 16 (max_num_seqs) requests in
+    flight, against the offline fits (step time and prefill at the probe's mean lengths; the prompt chunks of the
+    requests that replace finished ones share the steps):
+    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, as a + b·c;
+    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (c = 1)."""
     import numpy as np
 
     from advisor.costmodel.simulate import StepModel, _StepClock
     from advisor.costmodel.steptime import forward_cost
 
-    clock = _StepClock(StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name]),
-                       spec)
+    base = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name])
     per_cycle = float(spec.tokens_pmf() @ np.arange(1, spec.k + 2)) if spec else 1.0  # tokens per step
-    excess = {}
-    latency = 0.0
+    stats = {}
     for c, run in probe.items():
         ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 1]
-        p = float(np.mean([run["input_lens"][i] for i in ok]))
-        o = float(np.mean([run["output_lens"][i] for i in ok]))
-        tpot = float(np.median([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1) for i in ok]))
-        if c == 1:
-            latency = max(float(np.median([run["ttfts"][i] for i in ok])) - clock(0, 0.0, p, p * p / 2.0, 0.0), 0.0)
+        stats[c] = (float(np.mean([run["input_lens"][i] for i in ok])),
+                    float(np.mean([run["output_lens"][i] for i in ok])),
+                    float(np.median([run["ttfts"][i] for i in ok])),
+                    float(np.median([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1)
+                                     for i in ok])))
+    clock = _StepClock(base, spec)
+    excess = {}
+    for c, (p, o, _, tpot) in stats.items():
         prompts = (c - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
-        step = clock(c, c * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
-        excess[c] = tpot * per_cycle - step
+        excess[c] = tpot * per_cycle - clock(c, c * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
     (c1, e1), (c2, e2) = sorted(excess.items())
     per_seq = max((e2 - e1) / (c2 - c1), 0.0)
-    return {"frontend_s_per_step": max(e1 - per_seq * c1, 0.0), "frontend_s_per_seq": per_seq,
-            "frontend_latency_s": latency}
+    fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=max(e1 - per_seq * c1, 0.0),
+                       frontend_s_per_seq=per_seq)
+    p, _, ttft, _ = stats[min(stats)]
+    alone = _StepClock(fitted, spec)(0, 0.0, p, p * p / 2.0, 0.0)
+    return {"frontend_s_per_step": fitted.frontend_s_per_step, "frontend_s_per_seq": per_seq,
+            "frontend_latency_s": max(ttft - alone, 0.0)}
 
 
 def measured_ms(run: dict[str, Any]) -> dict[str, float]:

@@ -314,7 +314,9 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
     budget_max = limits.max_num_batched_tokens
     horizon = traffic.horizon_s if traffic.horizon_s is not None else math.inf
 
-    arrival_l = (arrival + model.frontend_latency_s).tolist()  # when each request reaches the scheduler
+    arrival_l = arrival.tolist()
+    latency = model.frontend_latency_s
+    pending: list[tuple[float, int]] = []  # (when the scheduler sees it, id): requests still in the front end
     prompt_l, output_l = prompt.tolist(), output.tolist()
     cycles_l, rate_l = cycles_needed.tolist(), rate.tolist()
     first = [math.nan] * n_req
@@ -356,6 +358,11 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
         ctx_a -= ctx0 - rate_l[i] * start
         ctx_r -= rate_l[i]
 
+    def next_event() -> float:
+        """The next arrival at the front end, or the next request the front end hands to the scheduler."""
+        raw = arrival_l[nxt] if nxt < n_req and arrival_l[nxt] <= horizon else math.inf
+        return min(raw, pending[0][0]) if pending else raw
+
     def _stale(entry: tuple[int, int]) -> bool:
         state = decoding.get(entry[1])
         return state is None or state[2] != entry[0]
@@ -365,16 +372,20 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
 
     while True:
         # arrivals up to now join the queue
-        while nxt < n_req and arrival_l[nxt] <= t:
-            if arrival_l[nxt] > horizon:
-                break
-            waiting.append(nxt)
+        while nxt < n_req and arrival_l[nxt] <= t and arrival_l[nxt] <= horizon:
+            if latency:
+                heapq.heappush(pending, (arrival_l[nxt] + latency, nxt))
+            else:
+                waiting.append(nxt)
             nxt += 1
+        while pending and pending[0][0] <= t:
+            waiting.append(heapq.heappop(pending)[1])
         running = len(prefilling) + len(decoding)
         if running == 0 and not waiting:
-            if nxt >= n_req or arrival_l[nxt] > horizon:
+            upcoming = next_event()
+            if upcoming == math.inf:
                 break
-            t = arrival_l[nxt]
+            t = max(t, upcoming)
             continue
         if len(waiting) > queue_bound:  # the queue grows without end: this load is beyond the engine
             saturated = True
@@ -444,9 +455,10 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
             while heap and _stale(heap[0]):  # lazy deletion of preempted requests' entries
                 heapq.heappop(heap)
             n = max(heap[0][0] - cycle, 1) if heap else 1
-            if not waiting and b < limits.max_num_seqs and nxt < n_req and arrival_l[nxt] <= horizon:
+            upcoming = next_event()
+            if not waiting and b < limits.max_num_seqs and upcoming < math.inf:
                 dt0 = clock(b, ctx_now, 0.0, 0.0, 0.0)  # the next arrival can join: stop the stretch there
-                n = max(1, min(n, math.ceil((arrival_l[nxt] - t) / dt0)))
+                n = max(1, min(n, math.ceil((upcoming - t) / dt0)))
             if ctx_r > 0:  # KV overflow ahead: stop the stretch there (preemption happens at the next step)
                 room = cap - kv_prefill - (ctx_a + b * (k + block / 2.0))
                 n_kv = int(room / ctx_r) - cycle
@@ -455,8 +467,8 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
         else:
             dt, n = 0.0, 0
         if dt == 0.0 and not pf_tokens:  # nothing schedulable (KV full with only waiting requests): next arrival
-            if nxt < n_req and arrival_l[nxt] <= horizon:
-                t = max(t, arrival_l[nxt])
+            if next_event() < math.inf:
+                t = max(t, next_event())
                 continue
             saturated = True
             break
@@ -498,7 +510,7 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
     skip = int(traffic.warmup_fraction * n_req)
     mask = ~np.isnan(finish_a)
     mask[:skip] = False
-    if nxt < n_req and arrival_l[nxt] <= horizon or waiting:
+    if nxt < n_req and arrival_l[nxt] <= horizon or waiting or pending:
         saturated = True
     ttft = (first_a - arr_a)[mask]
     multi = mask & (output > 1)
