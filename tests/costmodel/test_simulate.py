@@ -132,3 +132,14 @@ def test_bad_traffic_is_refused(h100_8b):
         simulate(model, EngineLimits(1000), Traffic(10, 10, arrival_s=[1.0, 0.5]))
     with pytest.raises(ValueError, match="at most"):
         simulate(model, EngineLimits(1000), Traffic(10, 10, requests_per_second=1.0, num_requests=10**6))
+
+
+def test_a_front_end_on_shared_cores_delays_admission_and_slows_each_step(h100_8b):
+    model, _, _ = h100_8b
+    traffic = Traffic(512, 129, arrival_s=[0.0, 100.0])
+    bare = simulate(model, EngineLimits(500_000), traffic)
+    served = simulate(dataclasses.replace(model, frontend_latency_s=0.05, frontend_s_per_step=0.002,
+                                          frontend_s_per_seq=0.001), EngineLimits(500_000), traffic)
+    # alone: the prompt's step pays the per-step cost, the decode steps the per-step and one sequence's
+    assert served.ttft_s == pytest.approx(bare.ttft_s + 0.05 + 0.002, rel=1e-6)
+    assert served.tpot_s == pytest.approx(bare.tpot_s + 0.003, rel=1e-3)
