@@ -2,7 +2,8 @@
 
 The full validation (three rates, with and without n-gram speculation, a fresh calibration) is
 `benchmarks/serving.py`; its table is in docs/planner.md. Here: the stored CPU-2core calibration of the test suite,
-one light rate, the server without speculation, and the simulation fed with the run's arrivals and lengths.
+the closed-loop serving probe (the front end's cost on the shared cores), one light rate, the server without
+speculation, and the simulation fed with the run's arrivals and lengths.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.vllm
 
-CI_TOLERANCE = 0.30  # one short run (16 requests) on 2 shared cores; the benchmark's target is 15 %
+# One short run (16 requests; p90 is the second largest) on 2 shared cores; the benchmark's target is 15 %.
+CI_TOLERANCE = {"ttft_p50": 0.25, "tpot_p50": 0.25, "ttft_p90": 0.5, "tpot_p90": 0.5}
 
 
 @pytest.mark.timeout(300)
@@ -31,5 +33,6 @@ def test_simulated_percentiles_follow_vllm_bench_serve(smollm2_path, tmp_path):
     (row,) = result.rows
     assert row.requests == 16
     assert all(v > 0 for v in row.measured_ms.values())
+    assert result.calibration["frontend"]["baseline"]["frontend_s_per_step"] >= 0.0
     for key, error in row.errors.items():
-        assert abs(error) <= CI_TOLERANCE, (key, row.measured_ms, row.simulated_ms)
+        assert abs(error) <= CI_TOLERANCE[key], (key, row.measured_ms, row.simulated_ms)
