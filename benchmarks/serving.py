@@ -45,7 +45,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 TARGET_ERROR = 0.15
-DEFAULT_RATES = (0.5, 1.0, 3.0)  # requests/s: light, loaded, saturated (the server finishes ~1.8 req/s here)
+DEFAULT_RATES = (0.5, 1.0, 3.0)  # requests/s: light, loaded, saturated (the server finishes ~1.6 req/s here)
 K = 4
 STRUCTURE = "code"
 BLOCK_SIZE_CPU = 128  # vLLM CPU backend KV block (the memory probe reports it)
