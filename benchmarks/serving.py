@@ -5,7 +5,7 @@
    :func:`calibration.fit.fit_run` into a ``Calibration`` (or ``--records``: stored probe records, e.g. the test
    suite's CPU-2core run).
 2. **serving probe** (calibration, not validation) -- on each mode's server, ``vllm bench serve`` closed
-   loop (c = 1 and c = 16 requests always in flight, no arrival process): the serving front end (HTTP,
+   loop (c = 1, 16 and 48 requests always open, no arrival process): the serving front end (HTTP,
    tokenisation, detokenising and streaming every token) shares the 2 cores with the engine here, which costs
    engine time per step and per decoding sequence and delays admission; :func:`fit_frontend` measures it against
    the offline fits.
@@ -257,15 +257,17 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     return simulate(model, limits, traffic, spec)
 
 
-PROBE_CONCURRENCY = (1, MAX_NUM_SEQS)  # closed-loop serving probe: requests kept in flight (alone, full batch)
-PROBE_PROMPTS = {1: 6, MAX_NUM_SEQS: 40}
+# closed-loop serving probe: requests kept open (alone, a full batch, and a queue of 2 batches behind it)
+PROBE_CONCURRENCY = (1, MAX_NUM_SEQS, 3 * MAX_NUM_SEQS)
+PROBE_PROMPTS = {1: 6, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
 
 
-def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str) -> dict[int, dict]:
+def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str,
+                  concurrency: tuple[int, ...] = PROBE_CONCURRENCY) -> dict[int, dict]:
     """Calibration of the served engine (not a validation point): ``vllm bench serve`` closed loop (no arrival
     process: c requests always in flight) at c = 1 and 8; per-request TTFT, TPOT and lengths."""
     out = {}
-    for c in PROBE_CONCURRENCY:
+    for c in concurrency:
         result, others = guarded(lambda: bench(url, model, dataset, math.inf, PROBE_PROMPTS[c], output_len, 1,
                                                workdir, f"probe-{mode}-c{c}", c), f"probe-{mode}-c{c}", attempts=2)
         out[c] = {"others_cpu": others, **{k: result.get(k) for k in RUN_KEYS}}
@@ -273,10 +275,11 @@ def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir:
 
 
 def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[str, float]:
-    """The serving front end's cost on shared cores, from the closed-loop probe at c = 1 and c = 16 (max_num_seqs) requests in
-    flight, against the offline fits (step time and prefill at the probe's mean lengths; the prompt chunks of the
+    """The serving front end's cost on shared cores, from the closed-loop probe (c requests kept open), against the
+    offline fits (step time and prefill at the probe's mean lengths; the prompt chunks of the
     requests that replace finished ones share the steps):
-    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, as a + b·c;
+    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, as a + b·c
+      (c = 1 and c = max_num_seqs), and per request waiting in the server (c = 3 × max_num_seqs);
     - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (c = 1)."""
     import numpy as np
 
@@ -296,16 +299,21 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
     clock = _StepClock(base, spec)
     excess = {}
     for c, (p, o, _, tpot) in stats.items():
-        prompts = (c - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
-        excess[c] = tpot * per_cycle - clock(c, c * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
-    (c1, e1), (c2, e2) = sorted(excess.items())
+        b = min(c, MAX_NUM_SEQS)  # in the engine; the rest wait in the server
+        prompts = (b - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
+        excess[c] = tpot * per_cycle - clock(b, b * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
+    (c1, e1), (c2, e2) = sorted(excess.items())[:2]  # alone and a full batch
     per_seq = max((e2 - e1) / (c2 - c1), 0.0)
+    per_waiting = 0.0
+    if len(excess) > 2:  # more open than max_num_seqs: the rest wait in the server
+        c3, e3 = max(excess.items())
+        per_waiting = max((e3 - e2) / (c3 - c2), 0.0)
     fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=max(e1 - per_seq * c1, 0.0),
                        frontend_s_per_seq=per_seq)
     p, _, ttft, _ = stats[min(stats)]
     alone = _StepClock(fitted, spec)(0, 0.0, p, p * p / 2.0, 0.0)
     return {"frontend_s_per_step": fitted.frontend_s_per_step, "frontend_s_per_seq": per_seq,
-            "frontend_latency_s": max(ttft - alone, 0.0)}
+            "frontend_latency_s": max(ttft - alone, 0.0), "frontend_s_per_waiting": per_waiting}
 
 
 def measured_ms(run: dict[str, Any]) -> dict[str, float]:
@@ -362,6 +370,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reanalyse", default=None, metavar="WORKDIR",
                         help="simulate and compare an earlier run's records.jsonl and runs.json (no vLLM)")
     parser.add_argument("--output", "-o", default=None, help="write the result as JSON here")
+    parser.add_argument("--probe-concurrency", default=",".join(map(str, PROBE_CONCURRENCY)),
+                        help="closed-loop serving probe: requests kept open (1, max_num_seqs[, more])")
     parser.add_argument("--attempts", type=int, default=2, help="runs per rate while other processes disturb it")
     parser.add_argument("--max-wait-quiet", type=float, default=120.0,
                         help="seconds to wait for other CPU load to stop before each server starts")
@@ -384,7 +394,8 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
         wait_for_quiet(args.max_wait_quiet)
         proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
         try:
-            probe = serving_probe(url, model, dataset, args.output_len, workdir, mode)
+            probe = serving_probe(url, model, dataset, args.output_len, workdir, mode,
+                                  tuple(int(c) for c in args.probe_concurrency.split(",")))
             (workdir / f"probe-{mode}.json").write_text(json.dumps(probe))
             for rate in [float(x) for x in args.rates.split(",") if x]:
                 n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
