@@ -34,13 +34,14 @@ def create_app(overrides: dict[str, Any] | None = None) -> Flask:
     api = Api(app, spec_kwargs={"marshmallow_plugin": MarshmallowPlugin(schema_name_resolver=schema_name_resolver)})
     register_error_handlers(app)  # after Api(): our envelope replaces flask-smorest's error format
 
-    from .api import calibrations, catalog, deployments, health, recommendations, reports
+    from .api import calibrations, catalog, deployments, health, plan_reports, plans, recommendations, reports
 
-    for module in (recommendations, catalog, calibrations, deployments):
+    for module in (recommendations, catalog, calibrations, deployments, plans):
         api.register_blueprint(module.blp)
     app.register_blueprint(health.blp)
     app.register_blueprint(reports.blp)  # HTML pages, outside the OpenAPI document
     app.register_blueprint(deployments.pages)
+    app.register_blueprint(plan_reports.blp)
     _register_pages(app)
 
     if app.config["AUTO_MIGRATE"]:

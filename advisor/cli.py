@@ -1,4 +1,5 @@
-"""The ``advisor`` command: serve, predict, step-time, validate, calibrate, worker, monitor, tokens, catalog, report."""
+"""The ``advisor`` command: serve, predict, plan, step-time, validate, calibrate, worker, monitor, tokens, catalog,
+report."""
 from __future__ import annotations
 
 import json
@@ -66,6 +67,36 @@ def predict(scenarios: str, store: bool) -> None:
                                       "fields": exc.fields}})
     _echo_json(answers)
     sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="JSON object: the POST /v1/plans body (workload, load, SLO, candidate GPUs, ...).")
+@click.option("--store", is_flag=True, help="Also store the plan (then it has an id and a report page).")
+@with_appcontext
+def plan(spec_path: str, store: bool) -> None:
+    """Print a capacity plan as JSON: GPUs × TP × with/without speculation, ranked by monthly cost."""
+    from .errors import ApiError, flatten_messages
+    from .plan_schemas import PlanRequestSchema, PlanSchema
+    from .services import plans
+
+    try:
+        raw = json.loads(Path(spec_path).read_text(encoding="utf-8") if spec_path != "-" else sys.stdin.read())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"cannot read the plan spec: {exc}") from None
+    try:
+        request = PlanRequestSchema().load(raw)
+        if store:
+            answer = PlanSchema().dump(plans.as_dict(plans.create(request)))
+        else:
+            answer = PlanSchema().dump({"request": request, **plans.compute(request)})
+    except ValidationError as exc:
+        _echo_json({"error": {"status": 422, "code": "validation_error", "fields": flatten_messages(exc.messages)}})
+        sys.exit(1)
+    except ApiError as exc:
+        _echo_json({"error": {"status": exc.status, "code": exc.code, "message": exc.message, "fields": exc.fields}})
+        sys.exit(1)
+    _echo_json(answer)
 
 
 @main.command("step-time")

@@ -185,3 +185,21 @@ class MetricSnapshot(db.Model):
     size_bytes: Mapped[int | None]
     duration_ms: Mapped[float | None]
     deployment: Mapped[Deployment] = relationship(back_populates="snapshots")
+
+
+class Plan(Timestamped, db.Model):
+    """A capacity plan as it was answered (issue 12): never updated (enforced below)."""
+
+    __tablename__ = "plans"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    target_model: Mapped[str] = mapped_column(sa.String(96), index=True)
+    feasible: Mapped[bool]
+    best_option: Mapped[str | None] = mapped_column(sa.String(160))  # cheapest option at the first load level
+    inputs: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    answer: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    cost_model_version: Mapped[str] = mapped_column(sa.String(16))
+
+
+@event.listens_for(Plan, "before_update")
+def _plans_are_immutable(mapper, connection, target) -> None:  # noqa: ANN001
+    raise ValueError("plans are immutable; create a new one instead")

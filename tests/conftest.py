@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 POSTGRES_ADMIN_URL = os.environ.get("SPECADVISOR_TEST_POSTGRES",
                                     "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = [b for b in os.environ.get("SPECADVISOR_TEST_BACKENDS", "sqlite,postgresql").split(",") if b]
-EPHEMERAL_TABLES = ("metric_snapshots", "deployments", "recommendations", "workloads", "fitted_parameters",
+EPHEMERAL_TABLES = ("plans", "metric_snapshots", "deployments", "recommendations", "workloads", "fitted_parameters",
                     "probe_measurements", "calibration_runs", "api_tokens")
 
 

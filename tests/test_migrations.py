@@ -12,7 +12,7 @@ from advisor.extensions import db
 from advisor.storage import downgrade, upgrade
 from tests.conftest import BACKENDS, POSTGRES_ADMIN_URL
 
-TABLES = {"gpus", "models", "api_tokens", "workloads", "recommendations", "calibration_runs",
+TABLES = {"gpus", "models", "api_tokens", "workloads", "recommendations", "calibration_runs", "plans",
           "probe_measurements", "fitted_parameters", "deployments", "metric_snapshots"}
 
 

@@ -1,0 +1,226 @@
+"""Capacity plans (issue 12): validated request -> catalog specs, prices, calibrations, acceptance -> planner ->
+stored plan; lists and exports with stable columns."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Select, select
+
+from .. import costmodel
+from ..costmodel.acceptance import model_from_input
+from ..costmodel.plan import GpuOffer, PlanInput, PlanSlo, SpeculatorCandidate, plan_capacity
+from ..costmodel.checks import check_draft
+from ..errors import ApiError, field_error
+from ..extensions import db
+from ..models import Plan
+from . import calibrations, catalog
+
+HEAD_METHODS = {"eagle_head": "eagle", "eagle3_head": "eagle3", "mtp_head": "mtp"}
+DEFAULT_K_REF = {"draft_model": 4, "eagle": 3, "eagle3": 3, "ngram": 4, "suffix": 4, "mtp": 1}
+MIN_DRAFT_RATIO = 5.0  # a causal-LM drafter at least this much smaller than the target (checks.py: usual 10-50×)
+MAX_DEFAULT_DRAFTERS = 3
+
+
+# --------------------------------------------------------------------------------------------- building the input
+def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[GpuOffer], dict[str, str]]:
+    prices = data.get("gpu_hour_usd") or {}
+    if data.get("gpus"):
+        rows = [catalog.require_gpu(name, f"gpus.{i}") for i, name in enumerate(data["gpus"])]
+    else:
+        rows = [g for g in catalog.list_gpus() if g.gpu_hour_usd and g.gpu_hour_usd > 0 and g.gpu_class != "cpu"]
+        unknown = sorted(set(prices) - {g.name for g in rows})
+        if unknown:
+            raise field_error(f"gpu_hour_usd.{unknown[0]}",
+                              f"'{unknown[0]}' is not a candidate GPU (catalog GPUs with a price: "
+                              f"{', '.join(g.name for g in rows)}).")
+    offers, sources = [], {}
+    for row in rows:
+        gpu = catalog.gpu_spec(row)
+        cal = calibrations.calibration_for(gpu.name, target.name)
+        if cal is not None and target.name in cal.step_time:
+            step = cal.step_time[target.name]
+            pre = cal.prefill.get(target.name) or costmodel.default_prefill_params(gpu)
+            timing = f"calibration:{cal.run_id}"
+        else:
+            step, pre, timing = costmodel.default_step_time_params(gpu), costmodel.default_prefill_params(gpu), "default"
+        if gpu.name in prices:
+            price, price_source = float(prices[gpu.name]), "input"
+        else:
+            price, price_source = gpu.gpu_hour_usd, f"catalog:{gpu.name} ({gpu.gpu_hour_usd_date})"
+        offers.append(GpuOffer(gpu, price, price_source, step, pre, timing))
+        sources[gpu.name] = row.source
+    return offers, sources
+
+
+def _default_speculators(target: costmodel.ModelSpec) -> list[dict[str, Any]]:
+    """n-gram, then the catalog drafters that share the target's tokenizer: heads first, then small causal LMs."""
+    heads, lms = [], []
+    for row in catalog.list_models():
+        spec = catalog.model_spec(row)
+        if spec.name == target.name:
+            continue
+        method = HEAD_METHODS.get(spec.kind) or ("draft_model" if spec.kind == "causal_lm" else None)
+        if method is None or any(i.severity == "error" for i in check_draft(target, spec, method)):
+            continue
+        if spec.kind != "causal_lm":
+            heads.append({"method": method, "draft_model": spec.name})
+        elif target.param_count / max(spec.param_count, 1) >= MIN_DRAFT_RATIO:
+            lms.append((spec.param_count, {"method": method, "draft_model": spec.name}))
+    lms.sort(key=lambda x: -x[0])  # the largest drafter that is small enough accepts most
+    return [{"method": "ngram"}] + (heads + [d for _, d in lms])[:MAX_DEFAULT_DRAFTERS]
+
+
+def _speculators(data: dict[str, Any], target: costmodel.ModelSpec, offers: list[GpuOffer],
+                 sources: dict[str, str]) -> list[SpeculatorCandidate]:
+    given = data.get("speculators")
+    items = given if given else _default_speculators(target)
+    structure = data["workload"]["structure"]
+    cals = [c for c in (calibrations.calibration_for(o.gpu.name, target.name) for o in offers) if c is not None]
+    out = []
+    for i, item in enumerate(items):
+        method, name = item["method"], item.get("draft_model")
+        field = f"speculators.{i}.draft_model"
+        draft = None
+        if method in ("ngram", "suffix"):
+            if name:
+                raise field_error(field, f"method '{method}' drafts from the prompt; draft_model must be absent.")
+        else:
+            if not name:
+                raise field_error(field, f"method '{method}' needs a draft_model.")
+            row = catalog.require_model(name, field)
+            draft = catalog.model_spec(row)
+            sources[draft.name] = row.source
+            for issue in check_draft(target, draft, method):
+                if issue.severity == "error":
+                    raise field_error(field, issue.message)
+        drafter = draft.name if draft is not None and method not in ("ngram", "suffix") else None
+        k = item.get("num_speculative_tokens")
+        acc_in = item.get("acceptance") or {}
+        if any(acc_in.get(key) is not None for key in ("mean_acceptance_length", "acceptance_rate", "per_position")):
+            given_acc = costmodel.AcceptanceInput(**{key: (tuple(v) if isinstance(v, list) else v)
+                                                     for key, v in acc_in.items()})
+            try:
+                acc = model_from_input(given_acc, k or DEFAULT_K_REF.get(method, 3), method, structure, drafter)
+            except costmodel.CostModelError as exc:
+                raise field_error(f"speculators.{i}.{exc.field}", exc.message) from None
+            source = "input"
+        else:
+            acc, source = None, ""
+            for cal in cals:
+                for key in (costmodel.acceptance_key(method, drafter, structure),
+                            costmodel.acceptance_key(method, None, structure)):
+                    if acc is None and key in cal.acceptance:
+                        acc, source = cal.acceptance[key], f"calibration:{cal.run_id}"
+            if acc is None:
+                acc = costmodel.prior_acceptance(method, structure, target, draft)
+                source = acc.source.split(";")[0]
+        out.append(SpeculatorCandidate(method, draft, acc, source, k))
+    return out
+
+
+def plan_input(data: dict[str, Any]) -> tuple[PlanInput, dict[str, str]]:
+    target_row = catalog.require_model(data["target_model"], "target_model")
+    target = catalog.model_spec(target_row)
+    offers, sources = _offers(data, target)
+    sources[target.name] = target_row.source
+    specs = _speculators(data, target, offers, sources)
+    w, load, slo = data["workload"], data["load"], data["slo"]
+    plan = PlanInput(
+        target=target, prompt_tokens=w["prompt_tokens"], output_tokens=w["output_tokens"],
+        temperature=w.get("temperature", 0.0), requests_per_second=load["requests_per_second"],
+        slo=PlanSlo(float(slo.get("percentile", 90)), slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("latency_ms")),
+        offers=tuple(offers), speculators=tuple(specs), growth=tuple(load.get("growth") or (1.0,)),
+        tp_sizes=tuple(data["tensor_parallel_sizes"]) if data.get("tensor_parallel_sizes") else None,
+        weights_dtype=data.get("weights_dtype", "bf16"), length_spread=w.get("length_spread", 0.0),
+        hours_per_month=data.get("hours_per_month", 730.0),
+        gpu_memory_utilization=data.get("gpu_memory_utilization", 0.92),
+        max_num_seqs=data.get("max_num_seqs", 256), max_num_batched_tokens=data.get("max_num_batched_tokens", 8192))
+    return plan, sources
+
+
+def compute(data: dict[str, Any]) -> dict[str, Any]:
+    """The plan for a validated request (not stored)."""
+    plan, sources = plan_input(data)
+    try:
+        answer = plan_capacity(plan)
+    except costmodel.CostModelError as exc:
+        raise field_error(exc.field, exc.message) from None
+    answer["sources"] = {"catalog": sources, "latency": "simulation: advisor/costmodel/simulate.py",
+                         "workload": "input", "load": "input", "slo": "input"}
+    answer["cost_model_version"] = costmodel.COST_MODEL_VERSION
+    return answer
+
+
+def create(data: dict[str, Any]) -> Plan:
+    answer = compute(data)
+    inputs = json.loads(json.dumps(data, default=str))
+    best = answer["best"][0]["option"] if answer["best"] else None
+    row = Plan(target_model=data["target_model"], feasible=answer["feasible"], best_option=best, inputs=inputs,
+               answer=answer, cost_model_version=answer["cost_model_version"])
+    db.session.add(row)
+    db.session.commit()
+    return row
+
+
+def get(plan_id: int) -> Plan:
+    row = db.session.get(Plan, plan_id)
+    if row is None:
+        raise ApiError(404, f"No plan with id {plan_id}.")
+    return row
+
+
+def filtered(filters: dict[str, Any]) -> Select:
+    query = select(Plan).order_by(Plan.id.desc())
+    if filters.get("target_model"):
+        query = query.where(Plan.target_model == filters["target_model"])
+    return query
+
+
+def as_dict(row: Plan) -> dict[str, Any]:
+    return {"id": row.id, "created_at": row.created_at, "request": row.inputs, **row.answer}
+
+
+def summary(row: Plan) -> dict[str, Any]:
+    return {"id": row.id, "created_at": row.created_at, "target_model": row.target_model, "feasible": row.feasible,
+            "best_option": row.best_option, "requests_per_second": row.inputs["load"]["requests_per_second"],
+            "cost_model_version": row.cost_model_version}
+
+
+# Stable export columns (docs/planner.md, "Export columns"): one row per option × load level; append only.
+EXPORT_COLUMNS = (
+    "plan_id", "created_at", "target_model", "rank", "option", "gpu", "tensor_parallel_size", "mode", "method",
+    "draft_model", "num_speculative_tokens", "feasible", "infeasible_reason", "load_requests_per_second",
+    "replicas", "gpus", "requests_per_second_per_replica", "concurrency_per_replica",
+    "max_requests_per_second_per_replica", "gpu_hour_usd", "monthly_usd", "usd_per_million_output_tokens",
+    "slo_percentile", "ttft_ms", "tpot_ms", "latency_ms", "slo_headroom", "speculation_saves_monthly_usd",
+    "cost_model_version",
+)
+
+
+def export_rows(row: Plan) -> list[dict[str, Any]]:
+    answer = row.answer
+    q = answer["slo"]["percentile"]
+    out = []
+    for o in answer["options"]:
+        spec = o.get("speculator") or {}
+        base = {"plan_id": row.id, "created_at": row.created_at.isoformat(), "target_model": row.target_model,
+                "rank": o["rank"], "option": o["key"], "gpu": o["gpu"], "tensor_parallel_size": o["tensor_parallel_size"],
+                "mode": o["mode"], "method": spec.get("method"), "draft_model": spec.get("draft_model"),
+                "num_speculative_tokens": spec.get("num_speculative_tokens"), "feasible": o["feasible"],
+                "infeasible_reason": o["infeasible_reason"],
+                "max_requests_per_second_per_replica": o["max_requests_per_second_per_replica"],
+                "gpu_hour_usd": o["gpu_hour_usd"], "slo_percentile": q,
+                "cost_model_version": row.cost_model_version}
+        saves = o.get("speculation_saves_monthly_usd") or []
+        for i, load in enumerate(answer["loads_requests_per_second"]):
+            at = o["loads"][i] if i < len(o["loads"]) else {}
+            out.append({**base, "load_requests_per_second": load, "replicas": at.get("replicas"),
+                        "gpus": at.get("gpus"), "requests_per_second_per_replica": at.get("requests_per_second_per_replica"),
+                        "concurrency_per_replica": at.get("concurrency_per_replica"),
+                        "monthly_usd": at.get("monthly_usd"),
+                        "usd_per_million_output_tokens": at.get("usd_per_million_output_tokens"),
+                        "ttft_ms": at.get(f"ttft_p{q:g}_ms"), "tpot_ms": at.get(f"tpot_p{q:g}_ms"),
+                        "latency_ms": at.get(f"latency_p{q:g}_ms"), "slo_headroom": at.get("slo_headroom"),
+                        "speculation_saves_monthly_usd": saves[i] if i < len(saves) else None})
+    return [{c: r.get(c) for c in EXPORT_COLUMNS} for r in out]

