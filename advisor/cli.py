@@ -53,7 +53,7 @@ def predict(scenarios: str, store: bool) -> None:
         try:
             scenario = ScenarioSchema().load(raw)
             if store:
-                answers.append(recommendations.as_dict(recommendations.create(scenario)))
+                answers.append(recommendations.create(scenario))
             else:
                 answers.append(recommendations.predict(scenario)[0])
         except ValidationError as exc:
@@ -157,36 +157,47 @@ def seed_catalog_cmd(overwrite: bool) -> None:
 
 
 @main.command("migrate")
-@click.option("--revision", default="head")
-@click.option("--down", is_flag=True, help="Downgrade to --revision instead (default base).")
-def migrate(revision: str, down: bool) -> None:
+@click.option("--revision", default=None, help="Target revision (default: head; required with --down).")
+@click.option("--down", is_flag=True, help="Roll back to --revision (e.g. 0001, or base: drops every table).")
+@click.option("--yes", is_flag=True, help="Do not ask before rolling back to base.")
+def migrate(revision: str | None, down: bool, yes: bool) -> None:
     """Apply (or roll back) Alembic migrations on DATABASE_URL or the SQLite default."""
     from . import create_app
     from .extensions import db
     from .storage import downgrade, upgrade
 
-    app = create_app({"AUTO_MIGRATE": False})
+    if down and not revision:
+        raise click.UsageError("--down needs a target: --revision 0001 (one step back) or --revision base "
+                               "(drops every table and its data).")
+    app = create_app({"AUTO_MIGRATE": False, "CHECK_SCHEMA": False})
     with app.app_context():
         if down:
-            downgrade(db.engine, "base" if revision == "head" else revision)
+            where = db.engine.url.render_as_string(hide_password=True)
+            if revision == "base" and not yes:
+                click.confirm(f"Drop every specadvisor table and its data in {where}?", abort=True)
+            downgrade(db.engine, revision)
         else:
-            upgrade(db.engine, revision)
-    click.echo(f"database at {'base' if down and revision == 'head' else revision}")
+            upgrade(db.engine, revision or "head")
+    click.echo(f"database at {revision or 'head'}")
 
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=2, show_default=True, type=int)
-def serve(host: str, port: int, workers: int) -> None:
-    """Migrate, seed the catalogs, then serve the API with gunicorn."""
+@click.option("--workers", default=None, type=int, help="Worker processes (default: SPECADVISOR_WORKERS or cores).")
+@click.option("--threads", default=None, type=int, help="Threads per worker (default: SPECADVISOR_THREADS or 32).")
+def serve(host: str, port: int, workers: int | None, threads: int | None) -> None:
+    """Migrate, seed the catalogs, then serve the API with gunicorn (gthread workers, advisor/gunicorn_conf.py)."""
     from . import create_app
 
     create_app()  # applies migrations and seeds once, before the workers start
-    os.environ["SPECADVISOR_AUTO_MIGRATE"] = "0"
-    args = [sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", str(workers),
-            "--access-logfile", "-", "advisor:create_app()"]
-    os.execv(sys.executable, args)
+    os.environ["SPECADVISOR_AUTO_MIGRATE"] = "0"  # the workers only check the schema
+    os.environ["SPECADVISOR_BIND"] = f"{host}:{port}"
+    if workers:
+        os.environ["SPECADVISOR_WORKERS"] = str(workers)
+    if threads:
+        os.environ["SPECADVISOR_THREADS"] = str(threads)
+    os.execv(sys.executable, [sys.executable, "-m", "gunicorn", "-c", "python:advisor.gunicorn_conf"])
 
 
 @main.command()

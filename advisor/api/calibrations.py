@@ -41,7 +41,7 @@ class Calibrations(MethodView):
         return service.create(request, external=external)
 
 
-@blp.route("/<int:run_id>")
+@blp.route("/<id:run_id>")
 class CalibrationById(MethodView):
     @blp.response(200, CalibrationRunSchema)
     def get(self, run_id):

@@ -20,9 +20,7 @@ blp = Blueprint("recommendations", __name__, url_prefix="/v1/recommendations",
 
 
 class SummaryPage(SelectPage):
-    @property
-    def items(self):  # noqa: ANN201
-        return [service.summary(r) for r in super().items]
+    rows = True  # service.filtered selects the stored summary columns, never the answers
 
 
 class ExportQuerySchema(RecommendationQuerySchema):
@@ -44,7 +42,7 @@ class Recommendations(MethodView):
     @blp.response(201, RecommendationSchema)
     def post(self, scenario):
         """Answer a workload scenario and store the answer."""
-        return service.as_dict(service.create(scenario))
+        return service.create(scenario)
 
 
 @blp.route("/compare")
@@ -62,7 +60,7 @@ class Export(MethodView):
     @blp.response(200, description="CSV (text/csv) or JSON list; columns documented in the README.")
     def get(self, args):
         """Export a filtered list with stable column names, as CSV or JSON."""
-        rows = [service.summary(r) for r in service.list_all(args, limit=args["limit"])]
+        rows = service.list_all(args, limit=args["limit"])
         if args["format"] == "json":
             return jsonify(RecommendationSummarySchema(many=True).dump(rows))
         out = io.StringIO()
@@ -74,7 +72,7 @@ class Export(MethodView):
                         headers={"Content-Disposition": "attachment; filename=recommendations.csv"})
 
 
-@blp.route("/<int:rec_id>")
+@blp.route("/<id:rec_id>")
 class RecommendationById(MethodView):
     @blp.response(200, RecommendationSchema)
     def get(self, rec_id):

@@ -47,22 +47,50 @@ def create(request: dict[str, Any], external: bool = False) -> CalibrationRun:
     db.session.add(run)
     db.session.commit()
     if not external:
-        enqueue(run)
+        try:
+            enqueue(run)
+        except Exception:
+            # a run nobody will ever pick up must not stay "queued": remove it, then report the cause
+            db.session.rollback()
+            db.session.delete(db.session.get(CalibrationRun, run.id))
+            db.session.commit()
+            raise
     return run
+
+
+def redis_connection(url: str) -> Any:
+    """A Redis client whose connect and reads time out (SPECADVISOR_REDIS_TIMEOUT_S), so a Redis that is down
+    or hung is a 503 in seconds."""
+    from redis import Redis
+
+    timeout = current_app.config.get("REDIS_TIMEOUT_S", 3.0)
+    return Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
 
 
 def enqueue(run: CalibrationRun) -> None:
     redis_url = current_app.config.get("REDIS_URL")
     if redis_url:
-        from redis import Redis
-        from rq import Queue
+        from redis.exceptions import RedisError
+        from rq import Callback, Queue
 
-        queue = Queue(run.queue, connection=Redis.from_url(redis_url))
-        from rq import Callback
+        connection = redis_connection(redis_url)
+        try:
+            connection.ping()
+        except RedisError as exc:
+            log.warning("Redis at %s unavailable: %s", redis_url, exc)
+            raise ApiError(503, "The job queue (Redis) is unavailable, so the calibration was not queued; "
+                                "try again shortly. /v1/health reports Redis.", "queue_unavailable") from None
+        queue = Queue(run.queue, connection=connection)
 
         # the job kills its own probe process at the time-out; RQ's limit is a backstop a minute later
-        job = queue.enqueue(JOB_FUNCTION, run.id, job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"] + 60,
-                            result_ttl=86_400, failure_ttl=7 * 86_400, on_failure=Callback(FAILURE_CALLBACK))
+        try:
+            job = queue.enqueue(JOB_FUNCTION, run.id,
+                                job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"] + 60,
+                                result_ttl=86_400, failure_ttl=7 * 86_400, on_failure=Callback(FAILURE_CALLBACK))
+        except RedisError as exc:
+            log.warning("Redis at %s failed while queueing: %s", redis_url, exc)
+            raise ApiError(503, "The job queue (Redis) failed while queueing the calibration; nothing was "
+                                "queued. Try again shortly.", "queue_unavailable") from None
         run.job_id = job.id
         run.message = f"queued on '{run.queue}'; start 'advisor worker --hardware {run.hardware}' on the node"
     else:

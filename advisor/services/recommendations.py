@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
-from sqlalchemy import Select, select
+import sqlalchemy as sa
+from sqlalchemy import Select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import undefer
 
 from .. import costmodel
 from ..errors import ApiError, field_error
 from ..extensions import db
-from ..models import Recommendation, Workload
+from ..models import Recommendation, Workload, utcnow
 from . import calibrations, catalog
 
 
@@ -58,57 +62,91 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     return answer, answer.get("calibration_run_id")
 
 
-def create(data: dict[str, Any]) -> Recommendation:
+def non_finite_path(data: Any, prefix: str = "") -> str | None:
+    """The path of the first NaN or ±Infinity in an answer, else None (JSON has no such numbers)."""
+    stack = [(data, prefix)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return path or "_schema"
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node))
+    return None
+
+
+def summary_columns(scenario: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """The list and export columns of one answer, stored beside it (README: Export columns)."""
+    workload = scenario.get("workload") or {}
+    speedup, tpot = answer.get("speedup") or {}, answer.get("tpot_ms") or {}
+    usd = (answer.get("tco") or {}).get("usd_per_million_output_tokens") or {}
+    concurrency = workload.get("concurrency")
+    if concurrency is None:  # open loop: the concurrency the cost model derived (Little's law)
+        concurrency = (answer.get("concurrency") or {}).get("speculative")
+    return {"gpu_count": scenario.get("gpu_count", 1), "structure": workload.get("structure"),
+            "concurrency": concurrency, "speedup_low": speedup.get("low"), "speedup_high": speedup.get("high"),
+            "num_speculative_tokens": answer.get("num_speculative_tokens"),
+            "tpot_ms_baseline": tpot.get("baseline"), "tpot_ms_speculative": tpot.get("speculative"),
+            "usd_per_million_output_tokens_baseline": usd.get("baseline"),
+            "usd_per_million_output_tokens_speculative": usd.get("speculative")}
+
+
+def create(data: dict[str, Any]) -> dict[str, Any]:
+    """Answer a validated scenario and store it; returns the stored answer (``as_dict``'s shape).
+
+    One INSERT statement on PostgreSQL (the workload upsert rides along as a CTE), two on SQLite; the workload
+    upsert (``ON CONFLICT``) makes concurrent identical scenarios safe; nothing is read back after the commit."""
     answer, run_id = predict(data)
+    bad = non_finite_path(answer)
+    if bad:  # belt and braces: the cost model should never produce these (JSON cannot carry them)
+        raise ApiError(422, f"This scenario has no finite answer ('{bad}' is not a number); check its inputs.",
+                       fields={"_schema": [f"{bad} is not finite"]})
     canonical = json.dumps(data, sort_keys=True, default=str)
     fingerprint = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-    workload = db.session.scalar(select(Workload).where(Workload.fingerprint == fingerprint))
-    if workload is None:
-        workload = Workload(fingerprint=fingerprint, scenario=json.loads(canonical))
-        db.session.add(workload)
     speculator = data["speculator"]
-    rec = Recommendation(
-        workload=workload, gpu=data["gpu"], target_model=data["target_model"], method=speculator["method"],
-        draft_model=speculator.get("draft_model"), decision=answer["decision"],
-        expected_speedup=float(answer["speedup"]["expected"]), inputs=json.loads(canonical), answer=answer,
-        cost_model_version=answer.get("cost_model_version", costmodel.COST_MODEL_VERSION),
-        calibration_run_id=run_id,
-    )
-    db.session.add(rec)
-    db.session.commit()
-    return rec
+    now = utcnow()
+    values = {
+        "created_at": now, "gpu": data["gpu"], "target_model": data["target_model"],
+        "method": speculator["method"], "draft_model": speculator.get("draft_model"),
+        "decision": answer["decision"], "expected_speedup": float(answer["speedup"]["expected"]),
+        **summary_columns(data, answer), "inputs": data, "answer": answer,
+        "cost_model_version": answer.get("cost_model_version", costmodel.COST_MODEL_VERSION),
+        "calibration_run_id": run_id,
+    }
+    rec_id, workload_id = _insert(fingerprint, data, now, values)
+    return {"id": rec_id, "created_at": now, "workload_id": workload_id, "scenario": data, **answer}
+
+
+def _insert(fingerprint: str, scenario: dict[str, Any], now: Any, values: dict[str, Any]) -> tuple[int, int]:
+    session = db.session
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    workload = insert(Workload).values(fingerprint=fingerprint, scenario=scenario, created_at=now)
+    # DO UPDATE (a no-op write) rather than DO NOTHING so RETURNING gives the id whether or not it existed
+    workload = workload.on_conflict_do_update(index_elements=[Workload.fingerprint],
+                                              set_={"fingerprint": workload.excluded.fingerprint})
+    workload = workload.returning(Workload.id)
+    if dialect == "postgresql":
+        cte = workload.cte("workload")
+        statement = (sa.insert(Recommendation).add_cte(cte)
+                     .values(workload_id=sa.select(cte.c.id).scalar_subquery(), **values)
+                     .returning(Recommendation.id, Recommendation.workload_id))
+        rec_id, workload_id = session.execute(statement).one()
+    else:
+        workload_id = session.execute(workload).scalar_one()
+        rec_id = session.execute(sa.insert(Recommendation).values(workload_id=workload_id, **values)
+                                 .returning(Recommendation.id)).scalar_one()
+    session.commit()
+    return rec_id, workload_id
 
 
 def get(rec_id: int) -> Recommendation:
-    rec = db.session.get(Recommendation, rec_id)
+    rec = db.session.get(Recommendation, rec_id,
+                         options=[undefer(Recommendation.inputs), undefer(Recommendation.answer)])
     if rec is None:
         raise ApiError(404, f"No recommendation with id {rec_id}.")
     return rec
-
-
-def filtered(filters: dict[str, Any]) -> Select:
-    query = select(Recommendation).order_by(Recommendation.id.desc())
-    for key in ("gpu", "target_model", "method", "decision"):
-        if filters.get(key):
-            query = query.where(getattr(Recommendation, key) == filters[key])
-    if filters.get("created_after"):
-        query = query.where(Recommendation.created_at >= filters["created_after"])
-    if filters.get("created_before"):
-        query = query.where(Recommendation.created_at <= filters["created_before"])
-    return query
-
-
-def list_all(filters: dict[str, Any], limit: int | None = None) -> list[Recommendation]:
-    query = filtered(filters)
-    if limit:
-        query = query.limit(limit)
-    return list(db.session.scalars(query))
-
-
-def as_dict(rec: Recommendation) -> dict[str, Any]:
-    """The full stored answer: the cost model's answer plus identity and the scenario it answered."""
-    return {"id": rec.id, "created_at": rec.created_at, "workload_id": rec.workload_id,
-            "scenario": rec.inputs, **rec.answer}
 
 
 # Stable export columns (README: "Export columns"); append only, never rename.
@@ -118,27 +156,34 @@ EXPORT_COLUMNS = (
     "tpot_ms_baseline", "tpot_ms_speculative", "usd_per_million_output_tokens_baseline",
     "usd_per_million_output_tokens_speculative", "calibration_run_id", "cost_model_version",
 )
+_SUMMARY_SELECT = tuple(Recommendation.expected_speedup.label(c) if c == "speedup_expected"
+                        else getattr(Recommendation, c) for c in EXPORT_COLUMNS)
 
 
-def summary(rec: Recommendation) -> dict[str, Any]:
-    """One flat row per recommendation, for lists, CSV and spreadsheets."""
-    answer, inputs = rec.answer, rec.inputs
-    workload = inputs.get("workload", {})
-    usd = (answer.get("tco") or {}).get("usd_per_million_output_tokens") or {}
-    concurrency = workload.get("concurrency")
-    if concurrency is None:  # open loop: the concurrency the cost model derived (Little's law)
-        concurrency = (answer.get("concurrency") or {}).get("speculative")
-    return {
-        "id": rec.id, "created_at": rec.created_at, "gpu": rec.gpu, "gpu_count": inputs.get("gpu_count", 1),
-        "target_model": rec.target_model, "method": rec.method, "draft_model": rec.draft_model,
-        "structure": workload.get("structure"), "concurrency": concurrency, "decision": rec.decision,
-        "speedup_expected": answer["speedup"]["expected"], "speedup_low": answer["speedup"]["low"],
-        "speedup_high": answer["speedup"]["high"], "num_speculative_tokens": answer.get("num_speculative_tokens"),
-        "tpot_ms_baseline": answer["tpot_ms"]["baseline"], "tpot_ms_speculative": answer["tpot_ms"]["speculative"],
-        "usd_per_million_output_tokens_baseline": usd.get("baseline"),
-        "usd_per_million_output_tokens_speculative": usd.get("speculative"),
-        "calibration_run_id": rec.calibration_run_id, "cost_model_version": rec.cost_model_version,
-    }
+def filtered(filters: dict[str, Any]) -> Select:
+    """The summary columns of the matching recommendations, newest first (no answer is read)."""
+    query = sa.select(*_SUMMARY_SELECT).order_by(Recommendation.id.desc())
+    for key in ("gpu", "target_model", "method", "decision"):
+        if filters.get(key):
+            query = query.where(getattr(Recommendation, key) == filters[key])
+    if filters.get("created_after"):  # UtcDateTime compares instants: +02:00 and Z agree on every backend
+        query = query.where(Recommendation.created_at >= filters["created_after"])
+    if filters.get("created_before"):
+        query = query.where(Recommendation.created_at <= filters["created_before"])
+    return query
+
+
+def list_all(filters: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+    query = filtered(filters)
+    if limit:
+        query = query.limit(limit)
+    return [dict(row._mapping) for row in db.session.execute(query)]
+
+
+def as_dict(rec: Recommendation) -> dict[str, Any]:
+    """The full stored answer: the cost model's answer plus identity and the scenario it answered."""
+    return {"id": rec.id, "created_at": rec.created_at, "workload_id": rec.workload_id,
+            "scenario": rec.inputs, **rec.answer}
 
 
 COMPARE_ROWS = (
