@@ -1,10 +1,33 @@
 """REST API under /v1: one blueprint per resource."""
+import flask_smorest
 from flask_smorest import Page
-from werkzeug.exceptions import NotFound
+from webargs import core
+from webargs.flaskparser import FlaskParser, is_json_request
+from werkzeug.exceptions import BadRequest, NotFound
 from werkzeug.routing import BaseConverter
 
-from ..errors import InvalidPathId, field_error
+from ..errors import InvalidPathId, field_error, loads_bounded
 from ..schemas import MAX_ID
+
+
+class BoundedParser(FlaskParser):
+    """webargs' parser with the app's bounded JSON loader: a 5,000-digit integer or a 10,000-level nesting is
+    a 400 (webargs' own loader lets those escape as a ValueError or RecursionError, i.e. a 500)."""
+
+    def _raw_load_json(self, req):  # noqa: ANN001, ANN202
+        if not is_json_request(req):
+            return core.missing
+        data = req.get_data(cache=True)
+        if not data:
+            return core.missing
+        try:
+            return loads_bounded(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise BadRequest(f"Invalid JSON body: {str(exc)[:200]}.") from None
+
+
+class Blueprint(flask_smorest.Blueprint):
+    ARGUMENTS_PARSER = BoundedParser()
 
 MAX_PAGE = 1_000_000  # page × page_size stays far inside a 64-bit OFFSET
 

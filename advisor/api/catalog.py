@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 from marshmallow import fields
 
 from ..auth import token_required
 from ..models import Gpu, Model
 from ..schemas import MODEL_KINDS, GpuSchema, ModelImportFilesSchema, ModelImportSchema, ModelSchema, StrictSchema
 from ..services import catalog as service
+from . import Blueprint
 
 blp = Blueprint("catalog", __name__, url_prefix="/v1", description="GPU and model catalogs.")
 

@@ -42,4 +42,6 @@ def health():
     body = {"status": status, "database": database, "database_backend": db.engine.url.get_backend_name(),
             "redis": redis, "cost_model_version": COST_MODEL_VERSION,
             "jobs": "rq" if current_app.config.get("REDIS_URL") else "background-process"}
-    return jsonify(body), 200 if database == "ok" else 503
+    if database == "ok":
+        return jsonify(body), 200
+    return jsonify(body), 503, {"Retry-After": "5"}

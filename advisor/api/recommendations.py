@@ -6,14 +6,13 @@ import io
 
 from flask import Response, jsonify
 from flask.views import MethodView
-from flask_smorest import Blueprint
 from marshmallow import fields, validate
 
 from ..auth import token_required
 from ..schemas import (CompareQuerySchema, CompareSchema, RecommendationQuerySchema, RecommendationSchema,
                        RecommendationSummarySchema, ScenarioSchema)
 from ..services import recommendations as service
-from . import SelectPage
+from . import Blueprint, SelectPage
 
 blp = Blueprint("recommendations", __name__, url_prefix="/v1/recommendations",
                 description="Go / no-go answers for a workload, stored and immutable.")

@@ -117,7 +117,9 @@ def model_from_hf_config(raw: bytes, form: dict[str, Any]) -> dict[str, Any]:
     if bad:
         raise field_error("config", f"'{bad}' is not valid UTF-8 text or holds a NUL (0x00) character.")
     text_config = config.get("text_config")
-    config = {**config, **(text_config if isinstance(text_config, dict) else {})}  # multimodal wrappers
+    if text_config is not None and not isinstance(text_config, dict):
+        raise field_error("config", "config.json's 'text_config' must be an object.")
+    config = {**config, **(text_config or {})}  # multimodal wrappers keep the language model inside
     for key in ("model_type", "_name_or_path"):
         if config.get(key) is not None and not isinstance(config[key], str):
             raise field_error("config", f"config.json's '{key}' must be a string.")
