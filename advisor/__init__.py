@@ -38,6 +38,12 @@ def create_app(overrides: dict[str, Any] | None = None) -> Flask:
     class SpecAdvisorApi(Api):
         ERROR_SCHEMA = ErrorSchema  # the documented error body is the one the service sends
 
+        def _register_pagination_header(self) -> None:
+            # the header's value is a JSON text; documented as a string (an object schema means "k,v,k,v")
+            self.spec.components.header("PAGINATION", {
+                "description": "Pagination metadata, a JSON object: total, total_pages, first_page, last_page, "
+                               "page, previous_page, next_page.", "schema": {"type": "string"}}, lazy=True)
+
     # one Api per app: flask-smorest keeps the spec on the Api object
     api = SpecAdvisorApi(app, spec_kwargs={
         "marshmallow_plugin": MarshmallowPlugin(schema_name_resolver=schema_name_resolver)})

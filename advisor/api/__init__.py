@@ -1,12 +1,13 @@
 """REST API under /v1: one blueprint per resource."""
 import flask_smorest
+import marshmallow as ma
 from flask_smorest import Page
 from webargs import core
 from webargs.flaskparser import FlaskParser, is_json_request
 from werkzeug.exceptions import BadRequest, NotFound
 from werkzeug.routing import BaseConverter
 
-from ..errors import InvalidPathId, field_error, loads_bounded
+from ..errors import InvalidPathId, loads_bounded
 from ..schemas import MAX_ID
 
 
@@ -28,6 +29,19 @@ class BoundedParser(FlaskParser):
 
 class Blueprint(flask_smorest.Blueprint):
     ARGUMENTS_PARSER = BoundedParser()
+
+    def paginate(self, pager=None, **kwargs):  # noqa: ANN001, ANN201
+        """flask-smorest's pagination with ``page`` bounded (parsed and documented), so OFFSET cannot overflow."""
+        decorator = super().paginate(pager, **kwargs)
+
+        def bounded(func):  # noqa: ANN001, ANN202
+            wrapper = decorator(func)
+            schema = wrapper._apidoc["pagination"]["parameters"]["schema"]  # this decorator's own class
+            schema._declared_fields["page"] = ma.fields.Integer(
+                load_default=1, validate=ma.validate.Range(min=1, max=MAX_PAGE))
+            return wrapper
+
+        return bounded
 
 MAX_PAGE = 1_000_000  # page × page_size stays far inside a 64-bit OFFSET
 
@@ -55,11 +69,6 @@ ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
 
 class SelectPage(Page):
     """flask-smorest pagination over a SQLAlchemy select, counted and sliced in the database."""
-
-    def __init__(self, collection, page_params) -> None:  # noqa: ANN001
-        if page_params.page > MAX_PAGE:
-            raise field_error("page", f"Must be less than or equal to {MAX_PAGE}.")
-        super().__init__(collection, page_params)
 
     @property
     def item_count(self) -> int:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from flask.views import MethodView
-from marshmallow import fields
+from marshmallow import fields, validate
 
 from ..auth import token_required
 from ..models import Gpu, Model
@@ -14,7 +14,7 @@ blp = Blueprint("catalog", __name__, url_prefix="/v1", description="GPU and mode
 
 
 class ModelQuerySchema(StrictSchema):
-    kind = fields.String(metadata={"enum": list(MODEL_KINDS)})
+    kind = fields.String(validate=validate.OneOf(MODEL_KINDS))
     family = fields.String()
 
 
