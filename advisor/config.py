@@ -37,6 +37,9 @@ class Config:
         # RQ on Redis for calibration jobs; empty = run jobs in a background process of the service.
         self.REDIS_URL = os.environ.get("REDIS_URL", "")
         self.CALIBRATION_JOB_TIMEOUT_S = int(os.environ.get("SPECADVISOR_JOB_TIMEOUT_S", "3600"))
+        # Seconds a worker reuses catalog rows and the newest calibration it read (changes made elsewhere show
+        # up within this long; changes through the same process at once). 0 reads them on every request.
+        self.CATALOG_CACHE_S = float(os.environ.get("SPECADVISOR_CATALOG_CACHE_S", "5"))
         self.REDIS_TIMEOUT_S = float(os.environ.get("SPECADVISOR_REDIS_TIMEOUT_S", "3"))
         self.MAX_CONTENT_LENGTH = 2 * 1024 * 1024
         self.API_TITLE = "specadvisor"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import json
 import logging
@@ -62,6 +63,12 @@ class JSONProvider(DefaultJSONProvider):
     """Request bodies through ``loads_bounded`` (a 400, never a 500); responses never hold NaN or Infinity."""
 
     sort_keys = False
+
+    @staticmethod
+    def default(o: Any) -> Any:
+        if isinstance(o, datetime.datetime):
+            return o.isoformat()  # as marshmallow's DateTime dumps it (Flask's default is an HTTP date)
+        return DefaultJSONProvider.default(o)
 
     def loads(self, s: str | bytes, **kwargs: Any) -> Any:
         return loads_bounded(s)

@@ -97,4 +97,8 @@ def seed_catalog(overwrite: bool = False) -> dict[str, int]:
                 for key, value in values.items():
                     setattr(row, key, value)
     db.session.commit()
+    from .services import calibrations, catalog
+
+    catalog.forget_snapshots()
+    calibrations.forget_newest()
     return added

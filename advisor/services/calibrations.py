@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,17 @@ def record(run: CalibrationRun, update: dict[str, Any]) -> CalibrationRun:
                 run.progress = 1.0
         run.status = status
     db.session.commit()
+    if status == "succeeded":
+        _NEWEST.clear()  # the new calibration applies to this process's next answer at once
     return run
+
+
+# The newest calibration per (database, hardware, target), reused for CATALOG_CACHE_S seconds by this process.
+_NEWEST: dict[tuple[Any, str, str], tuple[float, costmodel.Calibration | None]] = {}
+
+
+def forget_newest() -> None:
+    _NEWEST.clear()
 
 
 def calibration_for(hardware: str, target: str) -> costmodel.Calibration | None:
@@ -152,6 +163,18 @@ def calibration_for(hardware: str, target: str) -> costmodel.Calibration | None:
 
     The cost model takes from it what applies: step-time fits of the models it times, acceptance fits
     keyed by (method, drafter, structure)."""
+    key, now = (db.engine.url, hardware, target), time.monotonic()
+    hit = _NEWEST.get(key)
+    if hit is not None and now - hit[0] < current_app.config.get("CATALOG_CACHE_S", 5.0):
+        return hit[1]
+    if len(_NEWEST) >= 4096:
+        _NEWEST.clear()
+    calibration = _newest_calibration(hardware, target)
+    _NEWEST[key] = (now, calibration)
+    return calibration
+
+
+def _newest_calibration(hardware: str, target: str) -> costmodel.Calibration | None:
     run = db.session.scalar(
         select(CalibrationRun)
         .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from types import SimpleNamespace
 from typing import Any
+
+from flask import current_app
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -49,9 +53,37 @@ def get_model(name: str) -> Model:
     return row
 
 
+# Catalog rows read for answers, cached per process for a few seconds (SPECADVISOR_CATALOG_CACHE_S): a POST
+# otherwise spends more time fetching its GPU and models than the cost model spends answering. A change made
+# through this process clears the cache at once; other workers see it when their entry expires.
+_SNAPSHOTS: dict[tuple[Any, str, str], tuple[float, SimpleNamespace]] = {}
+_MAX_SNAPSHOTS = 4096
+
+
+def _snapshot(cls: type, name: str) -> SimpleNamespace | None:
+    """The row's column values (a plain object, safe to share between sessions and threads), or None."""
+    key, now = (db.engine.url, cls.__tablename__, name), time.monotonic()
+    hit = _SNAPSHOTS.get(key)
+    ttl = current_app.config.get("CATALOG_CACHE_S", 5.0)
+    if hit is not None and now - hit[0] < ttl:
+        return hit[1]
+    row = db.session.execute(select(cls.__table__).where(cls.__table__.c.name == name)).first()
+    if row is None:
+        return None  # unknown names are not cached: clients choose them
+    if len(_SNAPSHOTS) >= _MAX_SNAPSHOTS:
+        _SNAPSHOTS.clear()
+    snapshot = SimpleNamespace(**row._mapping)
+    _SNAPSHOTS[key] = (now, snapshot)
+    return snapshot
+
+
+def forget_snapshots() -> None:
+    _SNAPSHOTS.clear()
+
+
 def require_gpu(name: str, field: str = "gpu") -> Gpu:
     """For scenario validation: an unknown GPU is a 422 naming the field and the known names."""
-    row = find_gpu(name)
+    row = _snapshot(Gpu, name)
     if row is None:
         known = ", ".join(g.name for g in list_gpus())
         raise field_error(field, f"Unknown GPU '{name}'. Known GPUs: {known}.")
@@ -59,7 +91,7 @@ def require_gpu(name: str, field: str = "gpu") -> Gpu:
 
 
 def require_model(name: str, field: str) -> Model:
-    row = find_model(name)
+    row = _snapshot(Model, name)
     if row is None:
         raise field_error(field, f"Unknown model '{name}'. See GET /v1/models for the catalog.")
     return row
@@ -87,6 +119,7 @@ def create(cls: type, values: dict[str, Any]) -> Any:
         raise _exists(values["name"])
     row = cls(**values)
     db.session.add(row)
+    forget_snapshots()
     try:
         db.session.commit()
     except IntegrityError:
@@ -101,6 +134,7 @@ def update(row: Any, values: dict[str, Any]) -> Any:
     for key, value in values.items():
         setattr(row, key, value)
     db.session.commit()
+    forget_snapshots()
     return row
 
 

@@ -1,6 +1,7 @@
 """Recommendation service: validated scenario -> catalog specs + calibration -> cost model -> stored answer."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -118,25 +119,42 @@ def create(data: dict[str, Any]) -> dict[str, Any]:
     return {"id": rec_id, "created_at": now, "workload_id": workload_id, "scenario": data, **answer}
 
 
-def _insert(fingerprint: str, scenario: dict[str, Any], now: Any, values: dict[str, Any]) -> tuple[int, int]:
-    session = db.session
-    dialect = session.get_bind().dialect.name
+_WORKLOAD_VALUES = {"fingerprint": sa.bindparam("w_fingerprint", type_=sa.String()),
+                    "scenario": sa.bindparam("w_scenario", type_=sa.JSON()),
+                    "created_at": sa.bindparam("w_created_at", type_=Workload.__table__.c.created_at.type)}
+_RECOMMENDATION_COLUMNS = tuple(c.name for c in Recommendation.__table__.c if c.name not in ("id", "workload_id"))
+
+
+@functools.cache
+def _insert_statements(dialect: str) -> tuple[Any, Any]:
+    """(workload upsert, recommendation insert), built once per dialect with bound parameters, so each POST only
+    binds values (SQLAlchemy caches their compiled form)."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    workload = insert(Workload).values(fingerprint=fingerprint, scenario=scenario, created_at=now)
+    table = Recommendation.__table__
+    workload = insert(Workload.__table__).values(**_WORKLOAD_VALUES)
     # DO UPDATE (a no-op write) rather than DO NOTHING so RETURNING gives the id whether or not it existed
-    workload = workload.on_conflict_do_update(index_elements=[Workload.fingerprint],
+    workload = workload.on_conflict_do_update(index_elements=["fingerprint"],
                                               set_={"fingerprint": workload.excluded.fingerprint})
-    workload = workload.returning(Workload.id)
+    workload = workload.returning(Workload.__table__.c.id)
+    values = {name: sa.bindparam(name, type_=table.c[name].type) for name in _RECOMMENDATION_COLUMNS}
     if dialect == "postgresql":
         cte = workload.cte("workload")
-        statement = (sa.insert(Recommendation).add_cte(cte)
-                     .values(workload_id=sa.select(cte.c.id).scalar_subquery(), **values)
-                     .returning(Recommendation.id, Recommendation.workload_id))
-        rec_id, workload_id = session.execute(statement).one()
-    else:
-        workload_id = session.execute(workload).scalar_one()
-        rec_id = session.execute(sa.insert(Recommendation).values(workload_id=workload_id, **values)
-                                 .returning(Recommendation.id)).scalar_one()
+        recommendation = (sa.insert(table).add_cte(cte)
+                          .values(workload_id=sa.select(cte.c.id).scalar_subquery(), **values)
+                          .returning(table.c.id, table.c.workload_id))
+        return None, recommendation
+    values["workload_id"] = sa.bindparam("workload_id", type_=sa.Integer())
+    return workload, sa.insert(table).values(**values).returning(table.c.id, table.c.workload_id)
+
+
+def _insert(fingerprint: str, scenario: dict[str, Any], now: Any, values: dict[str, Any]) -> tuple[int, int]:
+    session = db.session
+    connection = session.connection()
+    workload, recommendation = _insert_statements(connection.dialect.name)
+    params = {"w_fingerprint": fingerprint, "w_scenario": scenario, "w_created_at": now, **values}
+    if workload is not None:
+        params["workload_id"] = connection.execute(workload, params).scalar_one()
+    rec_id, workload_id = connection.execute(recommendation, params).one()
     session.commit()
     return rec_id, workload_id
 
