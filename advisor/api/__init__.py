@@ -15,6 +15,19 @@ class BoundedParser(FlaskParser):
     """webargs' parser with the app's bounded JSON loader: a 5,000-digit integer or a 10,000-level nesting is
     a 400 (webargs' own loader lets those escape as a ValueError or RecursionError, i.e. a 500)."""
 
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._instances: dict[type, ma.Schema] = {}
+
+    def _get_schema(self, argmap, req):  # noqa: ANN001, ANN202
+        """One instance per schema class, not one per request (marshmallow copies every field per instance)."""
+        if isinstance(argmap, type) and issubclass(argmap, ma.Schema):
+            instance = self._instances.get(argmap)
+            if instance is None:
+                instance = self._instances[argmap] = argmap()
+            return instance
+        return super()._get_schema(argmap, req)
+
     def _raw_load_json(self, req):  # noqa: ANN001, ANN202
         if not is_json_request(req):
             return core.missing

@@ -1,11 +1,14 @@
 """Recommendation service: validated scenario -> catalog specs + calibration -> cost model -> stored answer."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
 import math
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import Select
@@ -94,15 +97,24 @@ def summary_columns(scenario: dict[str, Any], answer: dict[str, Any]) -> dict[st
 
 
 def create(data: dict[str, Any]) -> dict[str, Any]:
-    """Answer a validated scenario and store it; returns the stored answer (``as_dict``'s shape).
+    """Answer a validated scenario and store it; returns the stored answer (``as_dict``'s shape)."""
+    return create_with_json(data)[0]
 
-    One INSERT statement on PostgreSQL (the workload upsert rides along as a CTE), two on SQLite; the workload
-    upsert (``ON CONFLICT``) makes concurrent identical scenarios safe; nothing is read back after the commit."""
+
+def create_with_json(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Answer a validated scenario and store it: ``(stored answer, the same as JSON text)``.
+
+    The answer is encoded once: that text is what the database stores and what the response sends (encoding
+    refuses NaN and ±Infinity, which JSON cannot carry). One INSERT statement on PostgreSQL (the workload upsert
+    rides along as a CTE), two on SQLite; the upsert (``ON CONFLICT``) makes concurrent identical scenarios
+    safe; nothing is read back after the commit."""
     answer, run_id = predict(data)
-    bad = non_finite_path(answer)
-    if bad:  # belt and braces: the cost model should never produce these (JSON cannot carry them)
+    try:
+        answer_text = json.dumps(answer, allow_nan=False)
+    except ValueError:  # belt and braces: the cost model should never produce these
+        bad = non_finite_path(answer)
         raise ApiError(422, f"This scenario has no finite answer ('{bad}' is not a number); check its inputs.",
-                       fields={"_schema": [f"{bad} is not finite"]})
+                       fields={"_schema": [f"{bad} is not finite"]}) from None
     canonical = json.dumps(data, sort_keys=True, default=str)
     fingerprint = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     speculator = data["speculator"]
@@ -111,18 +123,25 @@ def create(data: dict[str, Any]) -> dict[str, Any]:
         "created_at": now, "gpu": data["gpu"], "target_model": data["target_model"],
         "method": speculator["method"], "draft_model": speculator.get("draft_model"),
         "decision": answer["decision"], "expected_speedup": float(answer["speedup"]["expected"]),
-        **summary_columns(data, answer), "inputs": data, "answer": answer,
+        **summary_columns(data, answer), "inputs": canonical, "answer": answer_text,
         "cost_model_version": answer.get("cost_model_version", costmodel.COST_MODEL_VERSION),
         "calibration_run_id": run_id,
     }
-    rec_id, workload_id = _insert(fingerprint, data, now, values)
-    return {"id": rec_id, "created_at": now, "workload_id": workload_id, "scenario": data, **answer}
+    rec_id, workload_id = _insert(fingerprint, canonical, now, values)
+    head = json.dumps({"id": rec_id, "created_at": now.isoformat(), "workload_id": workload_id, "scenario": None})
+    text = head[:-len("null}")] + canonical + ", " + answer_text[1:]
+    return {"id": rec_id, "created_at": now, "workload_id": workload_id, "scenario": data, **answer}, text
 
 
-_WORKLOAD_VALUES = {"fingerprint": sa.bindparam("w_fingerprint", type_=sa.String()),
-                    "scenario": sa.bindparam("w_scenario", type_=sa.JSON()),
-                    "created_at": sa.bindparam("w_created_at", type_=Workload.__table__.c.created_at.type)}
 _RECOMMENDATION_COLUMNS = tuple(c.name for c in Recommendation.__table__.c if c.name not in ("id", "workload_id"))
+
+
+def _bind(name: str, column: sa.Column, dialect: str) -> Any:
+    """A bound parameter for ``column``; JSON columns take text already encoded (cast to json on PostgreSQL)."""
+    if isinstance(column.type, sa.JSON):
+        text = sa.bindparam(name, type_=sa.Text())
+        return sa.cast(text, column.type) if dialect == "postgresql" else text
+    return sa.bindparam(name, type_=column.type)
 
 
 @functools.cache
@@ -130,13 +149,14 @@ def _insert_statements(dialect: str) -> tuple[Any, Any]:
     """(workload upsert, recommendation insert), built once per dialect with bound parameters, so each POST only
     binds values (SQLAlchemy caches their compiled form)."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    table = Recommendation.__table__
-    workload = insert(Workload.__table__).values(**_WORKLOAD_VALUES)
+    table, workloads = Recommendation.__table__, Workload.__table__
+    workload = insert(workloads).values(**{name: _bind(f"w_{name}", workloads.c[name], dialect)
+                                           for name in ("fingerprint", "scenario", "created_at")})
     # DO UPDATE (a no-op write) rather than DO NOTHING so RETURNING gives the id whether or not it existed
     workload = workload.on_conflict_do_update(index_elements=["fingerprint"],
                                               set_={"fingerprint": workload.excluded.fingerprint})
     workload = workload.returning(Workload.__table__.c.id)
-    values = {name: sa.bindparam(name, type_=table.c[name].type) for name in _RECOMMENDATION_COLUMNS}
+    values = {name: _bind(name, table.c[name], dialect) for name in _RECOMMENDATION_COLUMNS}
     if dialect == "postgresql":
         cte = workload.cte("workload")
         recommendation = (sa.insert(table).add_cte(cte)
@@ -147,16 +167,43 @@ def _insert_statements(dialect: str) -> tuple[Any, Any]:
     return workload, sa.insert(table).values(**values).returning(table.c.id, table.c.workload_id)
 
 
-def _insert(fingerprint: str, scenario: dict[str, Any], now: Any, values: dict[str, Any]) -> tuple[int, int]:
+def _insert(fingerprint: str, scenario: str, now: Any, values: dict[str, Any]) -> tuple[int, int]:
     session = db.session
     connection = session.connection()
     workload, recommendation = _insert_statements(connection.dialect.name)
     params = {"w_fingerprint": fingerprint, "w_scenario": scenario, "w_created_at": now, **values}
-    if workload is not None:
-        params["workload_id"] = connection.execute(workload, params).scalar_one()
-    rec_id, workload_id = connection.execute(recommendation, params).one()
-    session.commit()
+    with sqlite_write_lock(connection.engine):
+        if workload is not None:
+            params["workload_id"] = connection.execute(workload, params).scalar_one()
+        rec_id, workload_id = connection.execute(recommendation, params).one()
+        session.commit()
     return rec_id, workload_id
+
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_LOCK_FILES: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def sqlite_write_lock(engine: sa.Engine) -> Iterator[None]:
+    """SQLite has one writer at a time; a writer that finds the file locked polls with growing sleeps (SQLite's
+    busy handler: 1, 2, 5, 10 … 100 ms), which under load left cores idle and POSTs waiting seconds. Writers of
+    this service queue instead: a thread lock within the process, an ``flock`` on a file beside the database
+    between worker processes; both wake the next writer as soon as the lock is free. No-op on other backends."""
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not path or path == ":memory:":
+        yield
+        return
+    lock = _THREAD_LOCKS.setdefault(path, threading.Lock())
+    with lock:
+        handle = _LOCK_FILES.get(path)
+        if handle is None:
+            handle = _LOCK_FILES[path] = open(f"{path}.write-lock", "a+b")  # noqa: SIM115  (kept open)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def get(rec_id: int) -> Recommendation:
