@@ -96,7 +96,7 @@ def step_time(queries: str) -> None:
     _echo_json(out)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(with_appcontext=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Predict every published case and compare (exits non-zero when the accuracy target is missed)."""
@@ -156,7 +156,7 @@ def seed_catalog_cmd(overwrite: bool) -> None:
     click.echo(json.dumps(seed_catalog(overwrite=overwrite)))
 
 
-@main.command("migrate")
+@main.command("migrate", with_appcontext=False)  # its own app: no auto-migrate, no schema check
 @click.option("--revision", default=None, help="Target revision (default: head; required with --down).")
 @click.option("--down", is_flag=True, help="Roll back to --revision (e.g. 0001, or base: drops every table).")
 @click.option("--yes", is_flag=True, help="Do not ask before rolling back to base.")
@@ -181,18 +181,21 @@ def migrate(revision: str | None, down: bool, yes: bool) -> None:
     click.echo(f"database at {revision or 'head'}")
 
 
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@main.command(with_appcontext=False)  # creates the app itself, once, before gunicorn
+@click.option("--host", default=None, help="Default: SPECADVISOR_BIND's host, else 127.0.0.1.")
+@click.option("--port", default=None, type=int, help="Default: SPECADVISOR_BIND's port, else 8000.")
 @click.option("--workers", default=None, type=int, help="Worker processes (default: SPECADVISOR_WORKERS or cores).")
-@click.option("--threads", default=None, type=int, help="Threads per worker (default: SPECADVISOR_THREADS or 32).")
-def serve(host: str, port: int, workers: int | None, threads: int | None) -> None:
+@click.option("--threads", default=None, type=int, help="Threads per worker (default: SPECADVISOR_THREADS or 64).")
+def serve(host: str | None, port: int | None, workers: int | None, threads: int | None) -> None:
     """Migrate, seed the catalogs, then serve the API with gunicorn (gthread workers, advisor/gunicorn_conf.py)."""
     from . import create_app
+    from .config import default_instance_path
 
+    _require_writable(default_instance_path())
     create_app()  # applies migrations and seeds once, before the workers start
     os.environ["SPECADVISOR_AUTO_MIGRATE"] = "0"  # the workers only check the schema
-    os.environ["SPECADVISOR_BIND"] = f"{host}:{port}"
+    bind_host, _, bind_port = os.environ.get("SPECADVISOR_BIND", "127.0.0.1:8000").rpartition(":")
+    os.environ["SPECADVISOR_BIND"] = f"{host or bind_host or '127.0.0.1'}:{port or bind_port or 8000}"
     if workers:
         os.environ["SPECADVISOR_WORKERS"] = str(workers)
     if threads:
@@ -200,7 +203,21 @@ def serve(host: str, port: int, workers: int | None, threads: int | None) -> Non
     os.execv(sys.executable, [sys.executable, "-m", "gunicorn", "-c", "python:advisor.gunicorn_conf"])
 
 
-@main.command()
+def _require_writable(folder: Path) -> None:
+    """The instance folder (SQLite file, calibration logs) must be writable: say so plainly, not with a trace."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise click.ClickException(
+            f"{folder} is not writable by uid {os.getuid()} (gid {os.getgid()}): {exc.strerror}. Make it writable "
+            f"for this user (e.g. chown {os.getuid()} {folder}, or chmod g+w with group {os.getgid()}), or set "
+            "SPECADVISOR_INSTANCE to a writable folder.") from None
+
+
+@main.command(with_appcontext=False)
 @click.option("--hardware", required=True, help="Listen on the queue named for this hardware (GPU name).")
 @click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
 def worker(hardware: str, burst: bool) -> None:
@@ -217,7 +234,8 @@ def worker(hardware: str, burst: bool) -> None:
     Worker([queue], connection=connection).work(burst=burst)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@main.command(with_appcontext=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                                 "help_option_names": []})
 @click.pass_context
 def calibrate(ctx: click.Context) -> None:
     """Run calibration probes with vLLM here; store locally or upload (--server URL --token T). See --help."""

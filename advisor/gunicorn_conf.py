@@ -1,13 +1,14 @@
 """gunicorn settings for the API (``advisor serve``, the Dockerfile, compose): ``gunicorn -c python:advisor.gunicorn_conf``.
 
-Worker model: ``gthread``. Each worker process accepts connections in its main thread and only hands a
-connection to one of its threads once bytes have arrived; a thread that waits longer than a few seconds for
-the rest of a request gives the connection back. So clients that trickle their headers a byte at a time do not
-hold every worker the way they do with ``sync`` workers (where one slow client blocks a whole process);
-``threads`` is also well above the number of slow sockets one worker meets in practice. Requests are
-CPU-bound (the cost model, JSON), so ``workers`` = cores; threads overlap the database and the network.
+Worker model: ``gthread``. Each worker process accepts connections in its main thread and hands a connection to
+one of its threads only once bytes have arrived, so idle and kept-alive connections hold no thread. A client that
+trickles its header a byte at a time does hold one thread until the header is complete, not a whole process as
+with ``sync`` workers (where two such clients stalled the service). 64 threads per worker keep threads free
+with 50 trickling sockets even when one worker accepted them all (tests/api/test_gunicorn.py). Facing the
+internet, put a buffering proxy in front. Requests are CPU-bound (the cost model, JSON), so ``workers`` = cores;
+the threads overlap the database and the network.
 
-Environment: SPECADVISOR_BIND (127.0.0.1:8000), SPECADVISOR_WORKERS (cores), SPECADVISOR_THREADS (32),
+Environment: SPECADVISOR_BIND (127.0.0.1:8000), SPECADVISOR_WORKERS (cores), SPECADVISOR_THREADS (64),
 PROMETHEUS_MULTIPROC_DIR (a fresh temporary folder unless given).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 bind = os.environ.get("SPECADVISOR_BIND", "127.0.0.1:8000")
 worker_class = "gthread"
 workers = int(os.environ.get("SPECADVISOR_WORKERS") or os.cpu_count() or 2)
-threads = int(os.environ.get("SPECADVISOR_THREADS", "32"))
+threads = int(os.environ.get("SPECADVISOR_THREADS", "64"))
 keepalive = 5  # seconds an idle keep-alive connection is kept
 timeout = 60  # a worker that stops heart-beating this long is restarted
 graceful_timeout = 20

@@ -271,8 +271,8 @@ class RecommendationSummarySchema(Schema):
 
 
 def _summary_row(row: Any, names: dict[str, Any]) -> dict[str, Any]:
-    mapping = getattr(row, "_mapping", row)
-    out = {name: mapping.get(name) for name in names}
+    out = row._asdict() if hasattr(row, "_asdict") else dict(row)  # a Row of exactly these columns, or a dict
+    out = {name: out.get(name) for name in names}
     created = out.get("created_at")
     if created is not None and not isinstance(created, str):
         out["created_at"] = created.isoformat()

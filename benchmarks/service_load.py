@@ -184,7 +184,7 @@ def _free_port() -> int:
 class Server:
     """gunicorn with advisor/gunicorn_conf.py; ``app`` overrides its wsgi_app (the anchor)."""
 
-    def __init__(self, env: dict[str, str], app: str | None = None, workers: int = 2, threads: int = 32) -> None:
+    def __init__(self, env: dict[str, str], app: str | None = None, workers: int = 2, threads: int = 64) -> None:
         self.port = _free_port()
         env = {**os.environ, **env, "SPECADVISOR_BIND": f"127.0.0.1:{self.port}", "SPECADVISOR_WORKERS": str(workers),
                "SPECADVISOR_THREADS": str(threads), "SPECADVISOR_ACCESS_LOG": "", "SPECADVISOR_AUTO_MIGRATE": "0",
@@ -202,7 +202,7 @@ class Server:
                 self.log.seek(0)
                 raise RuntimeError(f"server exited: {self.log.read()[-3000:].decode(errors='replace')}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=15) as s:
                     s.sendall(_request("GET", "/v1/health"))
                     if s.recv(64).startswith(b"HTTP/1.1"):
                         return
@@ -374,7 +374,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="anchor/service alternations per scenario")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--stored", type=int, default=2000, help="recommendations stored before the GET scenarios")
     parser.add_argument("--duplicate-posts", type=int, default=3000)
     parser.add_argument("--duplicate-workers", type=int, default=4)
