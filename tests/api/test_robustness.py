@@ -4,7 +4,6 @@ Races are forced, not hoped for: the threads meet at a barrier right before the 
 """
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import json
 import math
