@@ -193,7 +193,11 @@ class Server:
         command = [sys.executable, "-m", "gunicorn", "-c", "python:advisor.gunicorn_conf"] + ([app] if app else [])
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # never leave a server behind
+            raise
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.time() + timeout
