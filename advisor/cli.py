@@ -54,7 +54,7 @@ def predict(scenarios: str, store: bool) -> None:
         try:
             scenario = ScenarioSchema().load(raw)
             if store:
-                answers.append(recommendations.as_dict(recommendations.create(scenario)))
+                answers.append(recommendations.create(scenario))
             else:
                 answers.append(recommendations.predict(scenario)[0])
         except ValidationError as exc:
@@ -127,7 +127,7 @@ def step_time(queries: str) -> None:
     _echo_json(out)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(with_appcontext=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Predict every published case and compare (exits non-zero when the accuracy target is missed)."""
@@ -207,40 +207,68 @@ def seed_catalog_cmd(overwrite: bool) -> None:
     click.echo(json.dumps(seed_catalog(overwrite=overwrite)))
 
 
-@main.command("migrate")
-@click.option("--revision", default="head")
-@click.option("--down", is_flag=True, help="Downgrade to --revision instead (default base).")
-def migrate(revision: str, down: bool) -> None:
+@main.command("migrate", with_appcontext=False)  # its own app: no auto-migrate, no schema check
+@click.option("--revision", default=None, help="Target revision (default: head; required with --down).")
+@click.option("--down", is_flag=True, help="Roll back to --revision (e.g. 0001, or base: drops every table).")
+@click.option("--yes", is_flag=True, help="Do not ask before rolling back to base.")
+def migrate(revision: str | None, down: bool, yes: bool) -> None:
     """Apply (or roll back) Alembic migrations on DATABASE_URL or the SQLite default."""
     from . import create_app
     from .extensions import db
     from .storage import downgrade, upgrade
 
-    app = create_app({"AUTO_MIGRATE": False})
+    if down and not revision:
+        raise click.UsageError("--down needs a target: --revision 0001 (one step back) or --revision base "
+                               "(drops every table and its data).")
+    app = create_app({"AUTO_MIGRATE": False, "CHECK_SCHEMA": False})
     with app.app_context():
         if down:
-            downgrade(db.engine, "base" if revision == "head" else revision)
+            where = db.engine.url.render_as_string(hide_password=True)
+            if revision == "base" and not yes:
+                click.confirm(f"Drop every specadvisor table and its data in {where}?", abort=True)
+            downgrade(db.engine, revision)
         else:
-            upgrade(db.engine, revision)
-    click.echo(f"database at {'base' if down and revision == 'head' else revision}")
+            upgrade(db.engine, revision or "head")
+    click.echo(f"database at {revision or 'head'}")
 
 
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=2, show_default=True, type=int)
-def serve(host: str, port: int, workers: int) -> None:
-    """Migrate, seed the catalogs, then serve the API with gunicorn."""
+@main.command(with_appcontext=False)  # creates the app itself, once, before gunicorn
+@click.option("--host", default=None, help="Default: SPECADVISOR_BIND's host, else 127.0.0.1.")
+@click.option("--port", default=None, type=int, help="Default: SPECADVISOR_BIND's port, else 8000.")
+@click.option("--workers", default=None, type=int, help="Worker processes (default: SPECADVISOR_WORKERS or cores).")
+@click.option("--threads", default=None, type=int, help="Threads per worker (default: SPECADVISOR_THREADS or 64).")
+def serve(host: str | None, port: int | None, workers: int | None, threads: int | None) -> None:
+    """Migrate, seed the catalogs, then serve the API with gunicorn (gthread workers, advisor/gunicorn_conf.py)."""
     from . import create_app
+    from .config import default_instance_path
 
+    _require_writable(default_instance_path())
     create_app()  # applies migrations and seeds once, before the workers start
-    os.environ["SPECADVISOR_AUTO_MIGRATE"] = "0"
-    args = [sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", str(workers),
-            "--access-logfile", "-", "advisor:create_app()"]
-    os.execv(sys.executable, args)
+    os.environ["SPECADVISOR_AUTO_MIGRATE"] = "0"  # the workers only check the schema
+    bind_host, _, bind_port = os.environ.get("SPECADVISOR_BIND", "127.0.0.1:8000").rpartition(":")
+    os.environ["SPECADVISOR_BIND"] = f"{host or bind_host or '127.0.0.1'}:{port or bind_port or 8000}"
+    if workers:
+        os.environ["SPECADVISOR_WORKERS"] = str(workers)
+    if threads:
+        os.environ["SPECADVISOR_THREADS"] = str(threads)
+    os.execv(sys.executable, [sys.executable, "-m", "gunicorn", "-c", "python:advisor.gunicorn_conf"])
 
 
-@main.command()
+def _require_writable(folder: Path) -> None:
+    """The instance folder (SQLite file, calibration logs) must be writable: say so plainly, not with a trace."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise click.ClickException(
+            f"{folder} is not writable by uid {os.getuid()} (gid {os.getgid()}): {exc.strerror}. Make it writable "
+            f"for this user (e.g. chown {os.getuid()} {folder}, or chmod g+w with group {os.getgid()}), or set "
+            "SPECADVISOR_INSTANCE to a writable folder.") from None
+
+
+@main.command(with_appcontext=False)
 @click.option("--hardware", required=True, help="Listen on the queue named for this hardware (GPU name).")
 @click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
 def worker(hardware: str, burst: bool) -> None:
@@ -257,7 +285,8 @@ def worker(hardware: str, burst: bool) -> None:
     Worker([queue], connection=connection).work(burst=burst)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@main.command(with_appcontext=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                                 "help_option_names": []})
 @click.pass_context
 def calibrate(ctx: click.Context) -> None:
     """Run calibration probes with vLLM here; store locally or upload (--server URL --token T). See --help."""

@@ -25,7 +25,11 @@ class Config:
         self.SQLALCHEMY_DATABASE_URI = _normalise_db_url(
             os.environ.get("DATABASE_URL") or f"sqlite:///{instance / 'specadvisor.db'}"
         )
-        self.SQLALCHEMY_ENGINE_OPTIONS = {"pool_pre_ping": True}
+        # Seconds before a database that does not answer (connect, statement, lock, pool checkout) is a 503.
+        self.DB_TIMEOUT_S = float(os.environ.get("SPECADVISOR_DB_TIMEOUT_S", "5"))
+        self.DB_POOL_SIZE = int(os.environ.get("SPECADVISOR_DB_POOL_SIZE", "8"))
+        # Refuse to start against a schema this code was not written for (off only in migration commands).
+        self.CHECK_SCHEMA = True
         # Apply Alembic migrations and seed the catalogs when the app starts.
         self.AUTO_MIGRATE = _bool("SPECADVISOR_AUTO_MIGRATE", True)
         # POST /v1/recommendations open to anyone (True) or token-only (False).
@@ -33,6 +37,10 @@ class Config:
         # RQ on Redis for calibration jobs; empty = run jobs in a background process of the service.
         self.REDIS_URL = os.environ.get("REDIS_URL", "")
         self.CALIBRATION_JOB_TIMEOUT_S = int(os.environ.get("SPECADVISOR_JOB_TIMEOUT_S", "3600"))
+        # Seconds a worker reuses catalog rows and the newest calibration it read (changes made elsewhere show
+        # up within this long; changes through the same process at once). 0 reads them on every request.
+        self.CATALOG_CACHE_S = float(os.environ.get("SPECADVISOR_CATALOG_CACHE_S", "5"))
+        self.REDIS_TIMEOUT_S = float(os.environ.get("SPECADVISOR_REDIS_TIMEOUT_S", "3"))
         self.MAX_CONTENT_LENGTH = 2 * 1024 * 1024
         # Deployment monitoring: scrape targets on this list (host names, addresses, CIDRs) may be private; public
         # targets are allowed unless SPECADVISOR_MONITOR_ALLOW_PUBLIC=0; each scrape is capped in time and size.
@@ -58,3 +66,29 @@ def _normalise_db_url(url: str) -> str:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
     return url
+
+
+def engine_options(url: str, timeout_s: float, pool_size: int) -> dict:
+    """SQLAlchemy engine options with time-outs, so a hung database is a 503 in seconds, not a stuck worker."""
+    options: dict = {"pool_pre_ping": True, "json_serializer": _json_dumps_finite}
+    if url.startswith("sqlite"):
+        # the busy time-out: how long a writer waits for SQLite's lock before "database is locked" (a 503)
+        options["connect_args"] = {"timeout": timeout_s}
+        return options
+    ms = int(timeout_s * 1000)
+    options.update(pool_size=pool_size, max_overflow=2 * pool_size, pool_timeout=timeout_s, pool_recycle=1800)
+    if url.startswith("postgresql"):
+        options["connect_args"] = {
+            "connect_timeout": max(1, round(timeout_s)),
+            "options": f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={10 * ms}",
+            # TCP keepalives notice a peer that vanished mid-query
+            "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 2,
+        }
+    return options
+
+
+def _json_dumps_finite(value: object) -> str:
+    """JSON columns: NaN and Infinity are not JSON; refuse them at the last step before the database."""
+    import json
+
+    return json.dumps(value, allow_nan=False)

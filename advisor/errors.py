@@ -3,14 +3,87 @@
 """
 from __future__ import annotations
 
+import base64
+import datetime
+import hashlib
+import json
 import logging
+import re
 from typing import Any
 
-from flask import Flask, jsonify
-from marshmallow import ValidationError
-from werkzeug.exceptions import HTTPException, InternalServerError
+from flask import Flask, Response, jsonify, request
+from flask.json.provider import DefaultJSONProvider
+from marshmallow import Schema, ValidationError, fields
+from sqlalchemy import exc as sa_exc
+from werkzeug.exceptions import HTTPException, InternalServerError, UnprocessableEntity
 
 log = logging.getLogger(__name__)
+
+MAX_JSON_DEPTH = 32  # the deepest request body any route takes is 5 levels
+
+
+class ErrorBodySchema(Schema):
+    status = fields.Integer(required=True)
+    code = fields.String(required=True)
+    message = fields.String(required=True)
+    fields = fields.Dict(keys=fields.String(), values=fields.List(fields.String()),
+                         metadata={"description": "Field path -> messages (validation errors)."})
+
+
+class ErrorSchema(Schema):
+    """Every error response: ``{"error": {"status", "code", "message", "fields"?}}``."""
+
+    error = fields.Nested(ErrorBodySchema, required=True)
+
+
+def _depth_exceeds(data: Any, limit: int) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def loads_bounded(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` whose every failure is a ``ValueError``: bad syntax, integers of more than 4,300 digits
+    (Python's limit), and nesting deeper than ``limit`` (the parser's own recursion limit included)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {limit} levels") from None
+    if _depth_exceeds(data, limit):
+        raise ValueError(f"JSON nested deeper than {limit} levels")
+    return data
+
+
+class JSONProvider(DefaultJSONProvider):
+    """Request bodies through ``loads_bounded`` (a 400, never a 500); responses never hold NaN or Infinity."""
+
+    sort_keys = False
+
+    @staticmethod
+    def default(o: Any) -> Any:
+        if isinstance(o, datetime.datetime):
+            return o.isoformat()  # as marshmallow's DateTime dumps it (Flask's default is an HTTP date)
+        return DefaultJSONProvider.default(o)
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        return loads_bounded(s)
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        kwargs.setdefault("allow_nan", False)
+        return super().dumps(obj, **kwargs)
+
+
+class InvalidPathId(UnprocessableEntity):
+    """A path id that is not made of ASCII digits; raised by the ``id`` URL converter during routing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.data = {"messages": {"id": [message]}}
 
 
 class ApiError(Exception):
@@ -63,6 +136,10 @@ def envelope(status: int, message: str, code: str | None = None, fields: dict[st
         body["fields"] = fields
     response = jsonify({"error": body})
     response.status_code = status
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="specadvisor"'
+    if status == 503:
+        response.headers["Retry-After"] = "5"
     return response
 
 
@@ -80,7 +157,11 @@ def handle_http_exception(error: HTTPException):
     if isinstance(error, InternalServerError):
         return envelope(500, "Internal server error.")
     message = (data.get("message") if isinstance(data, dict) else None) or error.description or error.name
-    return envelope(error.code or 500, message)
+    response = envelope(error.code or 500, message)
+    for name, value in error.get_headers():  # e.g. Allow on a 405
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response
 
 
 def unstorable(text: str) -> bool:
@@ -126,9 +207,44 @@ def reject_unstorable_strings() -> None:
             raise field_error(field, "must be valid UTF-8 text without NUL (0x00) characters.")
 
 
+def database_unavailable(error: Exception):
+    """A database that is down, hung (connect, statement, lock or pool time-out) or locked: a JSON 503."""
+    log.warning("database unavailable: %s", str(error).splitlines()[0][:300])
+    return envelope(503, "The database is unavailable or did not answer in time; try again shortly.",
+                    "database_unavailable")
+
+
+# The Swagger UI page (flask-smorest's template) has inline <script> blocks: allow exactly those by hash.
+_INLINE_SCRIPT = re.compile(rb"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", re.S)
+
+
+def docs_csp(body: bytes) -> str:
+    hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(m).digest()).decode() + "'"
+                      for m in _INLINE_SCRIPT.findall(body))
+    return (f"default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data:; connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'self'")
+
+
+def security_headers(response: Response) -> Response:
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    if request.path == "/v1/docs" and response.mimetype == "text/html":
+        response.headers["Content-Security-Policy"] = docs_csp(response.get_data())
+        response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
+    return response
+
+
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(HTTPException, handle_http_exception)
     app.before_request(reject_unstorable_strings)
+    app.after_request(security_headers)
+    for db_error in (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError):
+        app.register_error_handler(db_error, database_unavailable)
+
+    @app.errorhandler(sa_exc.IntegrityError)
+    def _conflict(error: sa_exc.IntegrityError):
+        log.info("integrity error: %s", str(error).splitlines()[0][:300])
+        return envelope(409, "The request conflicts with a stored row (a unique name or a reference).")
 
     @app.errorhandler(ApiError)
     def _api_error(error: ApiError):

@@ -15,8 +15,31 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+class UtcDateTime(sa.types.TypeDecorator):
+    """An instant: stored in UTC, read back with its time zone, on every backend.
+
+    SQLite has no time zone type; SQLAlchemy writes an aware value's wall clock and drops the offset, so
+    ``…+02:00`` and ``…Z`` for one instant compared differently. Values are converted to UTC on the way in
+    (a naive value is taken as UTC) and marked UTC on the way out."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
 class Timestamped:
-    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow, index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
 
 
 class Gpu(Timestamped, db.Model):
@@ -32,7 +55,7 @@ class Gpu(Timestamped, db.Model):
     gpu_hour_usd: Mapped[float]
     gpu_hour_usd_date: Mapped[str] = mapped_column(sa.String(10))
     source: Mapped[str] = mapped_column(sa.Text)
-    updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 
 
 class Model(Timestamped, db.Model):
@@ -57,7 +80,7 @@ class Model(Timestamped, db.Model):
     tokenizer_hash: Mapped[str | None] = mapped_column(sa.String(128))
     hf_repo: Mapped[str | None] = mapped_column(sa.String(200))
     source: Mapped[str] = mapped_column(sa.Text)
-    updated_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 
 
 class ApiToken(Timestamped, db.Model):
@@ -67,7 +90,7 @@ class ApiToken(Timestamped, db.Model):
     prefix: Mapped[str] = mapped_column(sa.String(12))
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     revoked: Mapped[bool] = mapped_column(default=False)
-    last_used_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
 class Workload(Timestamped, db.Model):
@@ -95,8 +118,8 @@ class CalibrationRun(Timestamped, db.Model):
     job_id: Mapped[str | None] = mapped_column(sa.String(64))
     config: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
     environment: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
-    started_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
-    finished_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     measurements: Mapped[list[ProbeMeasurement]] = relationship(
         back_populates="run", order_by="ProbeMeasurement.id", cascade="all, delete-orphan"
     )
@@ -138,8 +161,19 @@ class Recommendation(Timestamped, db.Model):
     draft_model: Mapped[str | None] = mapped_column(sa.String(96))
     decision: Mapped[str] = mapped_column(sa.String(16), index=True)
     expected_speedup: Mapped[float]
-    inputs: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
-    answer: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    # The list and export columns, stored so a list never parses whole answers (README: Export columns).
+    gpu_count: Mapped[int | None]
+    structure: Mapped[str | None] = mapped_column(sa.String(16))
+    concurrency: Mapped[float | None]
+    speedup_low: Mapped[float | None]
+    speedup_high: Mapped[float | None]
+    num_speculative_tokens: Mapped[int | None]
+    tpot_ms_baseline: Mapped[float | None]
+    tpot_ms_speculative: Mapped[float | None]
+    usd_per_million_output_tokens_baseline: Mapped[float | None]
+    usd_per_million_output_tokens_speculative: Mapped[float | None]
+    inputs: Mapped[dict[str, Any]] = mapped_column(sa.JSON, deferred=True)
+    answer: Mapped[dict[str, Any]] = mapped_column(sa.JSON, deferred=True)
     cost_model_version: Mapped[str] = mapped_column(sa.String(16))
     calibration_run_id: Mapped[int | None] = mapped_column(sa.ForeignKey("calibration_runs.id"))
     workload: Mapped[Workload] = relationship(back_populates="recommendations")

@@ -42,7 +42,7 @@ def _tables(engine) -> set[str]:
 def test_upgrade_downgrade_upgrade(empty_engine):
     upgrade(empty_engine)
     assert _tables(empty_engine) == TABLES
-    downgrade(empty_engine)
+    downgrade(empty_engine, "base")
     assert _tables(empty_engine) == set()
     upgrade(empty_engine)
     assert _tables(empty_engine) == TABLES

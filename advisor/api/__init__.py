@@ -1,5 +1,83 @@
 """REST API under /v1: one blueprint per resource."""
+import flask_smorest
+import marshmallow as ma
 from flask_smorest import Page
+from webargs import core
+from webargs.flaskparser import FlaskParser, is_json_request
+from werkzeug.exceptions import BadRequest, NotFound
+from werkzeug.routing import BaseConverter
+
+from ..errors import InvalidPathId, loads_bounded
+from ..schemas import MAX_ID
+
+
+class BoundedParser(FlaskParser):
+    """webargs' parser with the app's bounded JSON loader: a 5,000-digit integer or a 10,000-level nesting is
+    a 400 (webargs' own loader lets those escape as a ValueError or RecursionError, i.e. a 500)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._instances: dict[type, ma.Schema] = {}
+
+    def _get_schema(self, argmap, req):  # noqa: ANN001, ANN202
+        """One instance per schema class, not one per request (marshmallow copies every field per instance)."""
+        if isinstance(argmap, type) and issubclass(argmap, ma.Schema):
+            instance = self._instances.get(argmap)
+            if instance is None:
+                instance = self._instances[argmap] = argmap()
+            return instance
+        return super()._get_schema(argmap, req)
+
+    def _raw_load_json(self, req):  # noqa: ANN001, ANN202
+        if not is_json_request(req):
+            return core.missing
+        data = req.get_data(cache=True)
+        if not data:
+            return core.missing
+        try:
+            return loads_bounded(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise BadRequest(f"Invalid JSON body: {str(exc)[:200]}.") from None
+
+
+class Blueprint(flask_smorest.Blueprint):
+    ARGUMENTS_PARSER = BoundedParser()
+
+    def paginate(self, pager=None, **kwargs):  # noqa: ANN001, ANN201
+        """flask-smorest's pagination with ``page`` bounded (parsed and documented), so OFFSET cannot overflow."""
+        decorator = super().paginate(pager, **kwargs)
+
+        def bounded(func):  # noqa: ANN001, ANN202
+            wrapper = decorator(func)
+            schema = wrapper._apidoc["pagination"]["parameters"]["schema"]  # this decorator's own class
+            schema._declared_fields["page"] = ma.fields.Integer(
+                load_default=1, validate=ma.validate.Range(min=1, max=MAX_PAGE))
+            return wrapper
+
+        return bounded
+
+MAX_PAGE = 1_000_000  # page × page_size stays far inside a 64-bit OFFSET
+
+
+class IdConverter(BaseConverter):
+    """``<id:rec_id>``: ASCII digits within the INTEGER column's range. Beyond the range names nothing (404);
+    anything else in that path segment (``²``, ``٣``, ``x``) is a 422 naming the id, never an overflow."""
+
+    regex = r"[^/]+"
+    part_isolating = True
+
+    def to_python(self, value: str) -> int:
+        if not (value.isascii() and value.isdigit()):
+            raise InvalidPathId(f"Not a valid id: '{value[:40]}'; give a positive integer.")
+        if len(value) > 10 or not 1 <= int(value) <= MAX_ID:
+            raise NotFound(f"No resource with id {value[:40]}.")
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(int(value))
+
+
+ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
 
 
 class SelectPage(Page):
@@ -18,4 +96,6 @@ class SelectPage(Page):
         from ..extensions import db
 
         query = self.collection.offset(self.page_params.first_item).limit(self.page_params.page_size)
-        return list(db.session.scalars(query))
+        return list(db.session.execute(query)) if self.rows else list(db.session.scalars(query))
+
+    rows = False  # True: the collection selects columns, items are Row tuples

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 from marshmallow import fields, validate
 
 from ..auth import token_required
 from ..schemas import CalibrationRequestSchema, CalibrationRunSchema, CalibrationUploadSchema, StrictSchema
 from ..services import calibrations as service
+from . import Blueprint
 
 blp = Blueprint("calibrations", __name__, url_prefix="/v1/calibrations",
                 description="Calibration probes through vLLM, run on GPU nodes by RQ workers.")
@@ -41,7 +41,7 @@ class Calibrations(MethodView):
         return service.create(request, external=external)
 
 
-@blp.route("/<int:run_id>")
+@blp.route("/<id:run_id>")
 class CalibrationById(MethodView):
     @blp.response(200, CalibrationRunSchema)
     def get(self, run_id):

@@ -2,19 +2,19 @@
 from __future__ import annotations
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
-from marshmallow import fields
+from marshmallow import fields, validate
 
 from ..auth import token_required
 from ..models import Gpu, Model
 from ..schemas import MODEL_KINDS, GpuSchema, ModelImportFilesSchema, ModelImportSchema, ModelSchema, StrictSchema
 from ..services import catalog as service
+from . import Blueprint
 
 blp = Blueprint("catalog", __name__, url_prefix="/v1", description="GPU and model catalogs.")
 
 
 class ModelQuerySchema(StrictSchema):
-    kind = fields.String(metadata={"enum": list(MODEL_KINDS)})
+    kind = fields.String(validate=validate.OneOf(MODEL_KINDS))
     family = fields.String()
 
 

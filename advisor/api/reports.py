@@ -9,6 +9,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, request
 
 from ..errors import field_error
+from ..schemas import MAX_ID
 from ..services import calibrations, recommendations
 
 blp = Blueprint("reports", __name__)
@@ -31,14 +32,15 @@ def html_response(page: str) -> Response:
 def parse_ids(raw: str | None) -> list[int]:
     """``"1, 2,3"`` -> ``[1, 2, 3]``; 2–6 positive integers or a 422 on field ``ids``."""
     parts = [part.strip() for part in (raw or "").split(",") if part.strip()]
-    if not all(part.isdigit() for part in parts):
+    if not all(part.isascii() and part.isdigit() and len(part) <= 10 and 1 <= int(part) <= MAX_ID
+               for part in parts):
         raise field_error("ids", "Give recommendation ids as positive integers, comma separated (ids=1,2,3).")
     if not MIN_COMPARE <= len(parts) <= MAX_COMPARE:
         raise field_error("ids", f"Give {MIN_COMPARE}–{MAX_COMPARE} recommendation ids, got {len(parts)}.")
     return [int(part) for part in parts]
 
 
-@blp.get("/v1/recommendations/<int:rec_id>/report")
+@blp.get("/v1/recommendations/<id:rec_id>/report")
 def recommendation_report(rec_id: int) -> Response:
     """One recommendation as a page: verdict, inputs, plots, vLLM settings, provenance."""
     from ..reports import pages
@@ -55,7 +57,7 @@ def comparison_report() -> Response:
     return html_response(pages.comparison_page(compared["recommendations"], compared["rows"]))
 
 
-@blp.get("/v1/calibrations/<int:run_id>/report")
+@blp.get("/v1/calibrations/<id:run_id>/report")
 def calibration_report(run_id: int) -> Response:
     """A calibration run: status, probes, measured points against fitted curves, residuals."""
     from ..reports import calibration_dict, pages

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,22 +48,50 @@ def create(request: dict[str, Any], external: bool = False) -> CalibrationRun:
     db.session.add(run)
     db.session.commit()
     if not external:
-        enqueue(run)
+        try:
+            enqueue(run)
+        except Exception:
+            # a run nobody will ever pick up must not stay "queued": remove it, then report the cause
+            db.session.rollback()
+            db.session.delete(db.session.get(CalibrationRun, run.id))
+            db.session.commit()
+            raise
     return run
+
+
+def redis_connection(url: str) -> Any:
+    """A Redis client whose connect and reads time out (SPECADVISOR_REDIS_TIMEOUT_S), so a Redis that is down
+    or hung is a 503 in seconds."""
+    from redis import Redis
+
+    timeout = current_app.config.get("REDIS_TIMEOUT_S", 3.0)
+    return Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
 
 
 def enqueue(run: CalibrationRun) -> None:
     redis_url = current_app.config.get("REDIS_URL")
     if redis_url:
-        from redis import Redis
-        from rq import Queue
+        from redis.exceptions import RedisError
+        from rq import Callback, Queue
 
-        queue = Queue(run.queue, connection=Redis.from_url(redis_url))
-        from rq import Callback
+        connection = redis_connection(redis_url)
+        try:
+            connection.ping()
+        except RedisError as exc:
+            log.warning("Redis at %s unavailable: %s", redis_url, exc)
+            raise ApiError(503, "The job queue (Redis) is unavailable, so the calibration was not queued; "
+                                "try again shortly. /v1/health reports Redis.", "queue_unavailable") from None
+        queue = Queue(run.queue, connection=connection)
 
         # the job kills its own probe process at the time-out; RQ's limit is a backstop a minute later
-        job = queue.enqueue(JOB_FUNCTION, run.id, job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"] + 60,
-                            result_ttl=86_400, failure_ttl=7 * 86_400, on_failure=Callback(FAILURE_CALLBACK))
+        try:
+            job = queue.enqueue(JOB_FUNCTION, run.id,
+                                job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"] + 60,
+                                result_ttl=86_400, failure_ttl=7 * 86_400, on_failure=Callback(FAILURE_CALLBACK))
+        except RedisError as exc:
+            log.warning("Redis at %s failed while queueing: %s", redis_url, exc)
+            raise ApiError(503, "The job queue (Redis) failed while queueing the calibration; nothing was "
+                                "queued. Try again shortly.", "queue_unavailable") from None
         run.job_id = job.id
         run.message = f"queued on '{run.queue}'; start 'advisor worker --hardware {run.hardware}' on the node"
     else:
@@ -116,7 +145,38 @@ def record(run: CalibrationRun, update: dict[str, Any]) -> CalibrationRun:
                 run.progress = 1.0
         run.status = status
     db.session.commit()
+    if status == "succeeded":
+        forget_newest()  # the new calibration applies to this process's next answer at once
     return run
+
+
+# The recent runs per (database, hardware, target), reused for CATALOG_CACHE_S seconds by this process.
+_RECENT: dict[tuple[Any, str, str], tuple[float, list[costmodel.Calibration]]] = {}
+RECENT_RUNS = 20
+
+
+def forget_newest() -> None:
+    _RECENT.clear()
+
+
+def _recent_calibrations(hardware: str, target: str) -> list[costmodel.Calibration]:
+    """The newest succeeded runs on this hardware for this target (newest first), as Calibrations; cached."""
+    key, now = (db.engine.url, hardware, target), time.monotonic()
+    hit = _RECENT.get(key)
+    if hit is not None and now - hit[0] < current_app.config.get("CATALOG_CACHE_S", 5.0):
+        return hit[1]
+    if len(_RECENT) >= 4096:
+        _RECENT.clear()
+    runs = db.session.scalars(
+        select(CalibrationRun)
+        .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,
+               CalibrationRun.status == "succeeded")
+        .order_by(CalibrationRun.id.desc())
+        .limit(RECENT_RUNS)
+    )
+    calibrations = [to_calibration(run) for run in runs]
+    _RECENT[key] = (now, calibrations)
+    return calibrations
 
 
 def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | None = None,
@@ -124,24 +184,16 @@ def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | N
     """The newest succeeded run on this hardware for this target that applies to ``scenario``, as the cost
     model's Calibration.
 
-    A run measured at another weights dtype, tensor-parallel size or engine mode is skipped (never substituted);
-    among the runs that apply, the newest one that measured the scenario's own method and drafter wins, else the
-    newest one. The cost model then takes only the fits keyed by what was measured (costmodel.predict)."""
-    runs = db.session.scalars(
-        select(CalibrationRun)
-        .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,
-               CalibrationRun.status == "succeeded")
-        .order_by(CalibrationRun.id.desc())
-        .limit(50)
-    )
+    A run measured at another weights dtype, tensor-parallel size, engine mode or vLLM version is skipped (never
+    substituted); among the runs that apply, the newest one that measured the scenario's own method and drafter
+    wins, else the newest one. The cost model then takes only the fits keyed by what was measured."""
+    calibrations = _recent_calibrations(hardware, target)
     if scenario is None or gpu is None:
-        run = next(iter(runs), None)
-        return to_calibration(run) if run is not None else None
+        return calibrations[0] if calibrations else None
     sp = scenario.speculator
     drafter = None if sp.method in ("ngram", "suffix") else sp.draft_model
     fallback = None
-    for run in runs:
-        cal = to_calibration(run)
+    for cal in calibrations:
         if costmodel.calibration_mismatch(cal, scenario, gpu):
             continue
         if costmodel.calibrated_acceptance(cal, sp.method, drafter, scenario.workload.structure) is not None:

@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from flask import current_app
+
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from .. import costmodel
-from ..errors import ApiError, field_error, find_unstorable
+from ..errors import ApiError, field_error, find_unstorable, loads_bounded
 from ..extensions import db
 from ..models import Gpu, Model
 
@@ -50,9 +55,37 @@ def get_model(name: str) -> Model:
     return row
 
 
+# Catalog rows read for answers, cached per process for a few seconds (SPECADVISOR_CATALOG_CACHE_S): a POST
+# otherwise spends more time fetching its GPU and models than the cost model spends answering. A change made
+# through this process clears the cache at once; other workers see it when their entry expires.
+_SNAPSHOTS: dict[tuple[Any, str, str], tuple[float, SimpleNamespace]] = {}
+_MAX_SNAPSHOTS = 4096
+
+
+def _snapshot(cls: type, name: str) -> SimpleNamespace | None:
+    """The row's column values (a plain object, safe to share between sessions and threads), or None."""
+    key, now = (db.engine.url, cls.__tablename__, name), time.monotonic()
+    hit = _SNAPSHOTS.get(key)
+    ttl = current_app.config.get("CATALOG_CACHE_S", 5.0)
+    if hit is not None and now - hit[0] < ttl:
+        return hit[1]
+    row = db.session.execute(select(cls.__table__).where(cls.__table__.c.name == name)).first()
+    if row is None:
+        return None  # unknown names are not cached: clients choose them
+    if len(_SNAPSHOTS) >= _MAX_SNAPSHOTS:
+        _SNAPSHOTS.clear()
+    snapshot = SimpleNamespace(**row._mapping)
+    _SNAPSHOTS[key] = (now, snapshot)
+    return snapshot
+
+
+def forget_snapshots() -> None:
+    _SNAPSHOTS.clear()
+
+
 def require_gpu(name: str, field: str = "gpu") -> Gpu:
     """For scenario validation: an unknown GPU is a 422 naming the field and the known names."""
-    row = find_gpu(name)
+    row = _snapshot(Gpu, name)
     if row is None:
         known = ", ".join(g.name for g in list_gpus())
         raise field_error(field, f"Unknown GPU '{name}'. Known GPUs: {known}.")
@@ -60,7 +93,7 @@ def require_gpu(name: str, field: str = "gpu") -> Gpu:
 
 
 def require_model(name: str, field: str) -> Model:
-    row = find_model(name)
+    row = _snapshot(Model, name)
     if row is None:
         raise field_error(field, f"Unknown model '{name}'. See GET /v1/models for the catalog.")
     return row
@@ -87,16 +120,22 @@ def model_spec(row: Model) -> costmodel.ModelSpec:
     return _spec(costmodel.ModelSpec, row)
 
 
-def _check_unique(cls: type, name: str) -> None:
-    if db.session.scalar(select(cls).where(cls.name == name)) is not None:
-        raise ApiError(409, f"'{name}' already exists; use PUT to change it.", fields={"name": ["already exists"]})
+def _exists(name: str) -> ApiError:
+    return ApiError(409, f"'{name}' already exists; use PUT to change it.", fields={"name": ["already exists"]})
 
 
 def create(cls: type, values: dict[str, Any]) -> Any:
-    _check_unique(cls, values["name"])
+    """Insert a catalog row; the name's unique constraint decides between concurrent creates (one 201, 409s)."""
+    if db.session.scalar(select(cls.id).where(cls.name == values["name"])) is not None:
+        raise _exists(values["name"])
     row = cls(**values)
     db.session.add(row)
-    db.session.commit()
+    forget_snapshots()
+    try:
+        db.session.commit()
+    except IntegrityError:
+        db.session.rollback()
+        raise _exists(values["name"]) from None
     return row
 
 
@@ -106,6 +145,7 @@ def update(row: Any, values: dict[str, Any]) -> Any:
     for key, value in values.items():
         setattr(row, key, value)
     db.session.commit()
+    forget_snapshots()
     return row
 
 
@@ -113,35 +153,53 @@ def update(row: Any, values: dict[str, Any]) -> Any:
 def model_from_hf_config(raw: bytes, form: dict[str, Any]) -> dict[str, Any]:
     """Map a Hugging Face ``config.json`` to a catalog row; unknown shapes are a 422 naming the file field."""
     try:
-        config = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        config = loads_bounded(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
         raise field_error("config", f"Not a JSON file: {exc}.") from None
     if not isinstance(config, dict):
         raise field_error("config", "config.json must hold a JSON object.")
     bad = find_unstorable(config)
     if bad:
         raise field_error("config", f"'{bad}' is not valid UTF-8 text or holds a NUL (0x00) character.")
-    config = {**config, **(config.get("text_config") or {})}  # multimodal wrappers keep the LM inside
+    text_config = config.get("text_config")
+    if text_config is not None and not isinstance(text_config, dict):
+        raise field_error("config", "config.json's 'text_config' must be an object.")
+    config = {**config, **(text_config or {})}  # multimodal wrappers keep the language model inside
+    for key in ("model_type", "_name_or_path"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise field_error("config", f"config.json's '{key}' must be a string.")
 
-    def need(*keys: str) -> int:
+    def number(keys: tuple[str, ...], maximum: int, required: bool = True) -> int | None:
+        """The first of ``keys`` present, as a positive integer up to ``maximum`` (checked before any arithmetic,
+        so a string, a float such as 1e308 or a huge count never reaches the parameter count)."""
         for key in keys:
             value = config.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        raise field_error("config", f"config.json lacks a positive integer '{keys[0]}'.")
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+                raise field_error("config", f"config.json's '{key}' must be an integer from 1 to {maximum}, "
+                                            f"got {json.dumps(value)[:40]}.")
+            return value
+        if required:
+            raise field_error("config", f"config.json lacks a positive integer '{keys[0]}'.")
+        return None
 
-    layers = need("num_hidden_layers", "n_layer", "num_layers")
-    hidden = need("hidden_size", "n_embd", "d_model")
-    heads = need("num_attention_heads", "n_head")
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    intermediate = need("intermediate_size", "ffn_dim", "n_inner")
-    vocab = need("vocab_size")
-    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
-    experts_per_token = config.get("num_experts_per_tok") if experts else None
-    moe_intermediate = config.get("moe_intermediate_size") or intermediate
-    tied = bool(config.get("tie_word_embeddings", False))
-    family = form.get("family") or str(config.get("model_type") or "unknown")
+    layers = number(("num_hidden_layers", "n_layer", "num_layers"), 1000)
+    hidden = number(("hidden_size", "n_embd", "d_model"), 1_000_000)
+    heads = number(("num_attention_heads", "n_head"), 4096)
+    kv_heads = number(("num_key_value_heads",), 4096, required=False) or heads
+    head_dim = number(("head_dim",), 4096, required=False) or hidden // heads
+    if head_dim < 1:
+        raise field_error("config", f"hidden_size ({hidden}) is smaller than num_attention_heads ({heads}).")
+    intermediate = number(("intermediate_size", "ffn_dim", "n_inner"), 10_000_000)
+    vocab = number(("vocab_size",), 10_000_000)
+    experts = number(("num_local_experts", "num_experts", "n_routed_experts"), 4096, required=False)
+    experts_per_token = number(("num_experts_per_tok",), experts, required=False) if experts else None
+    moe_intermediate = number(("moe_intermediate_size",), 10_000_000, required=False) or intermediate
+    tied = config.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise field_error("config", "config.json's 'tie_word_embeddings' must be true or false.")
+    family = form.get("family") or (config.get("model_type") or "unknown")[:64]
     params = param_count_from_architecture(
         num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, intermediate_size=moe_intermediate if experts else intermediate, vocab_size=vocab,
@@ -153,7 +211,7 @@ def model_from_hf_config(raw: bytes, form: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": tied, "num_experts": experts, "num_experts_per_token": experts_per_token,
         "param_count": params, "tokenizer_family": form.get("tokenizer_family") or family,
         "tokenizer_vocab_size": vocab, "tokenizer_hash": form.get("tokenizer_hash"),
-        "hf_repo": form.get("hf_repo") or config.get("_name_or_path") or None,
+        "hf_repo": form.get("hf_repo") or (config.get("_name_or_path") or "")[:200] or None,
         "source": form.get("source") or "uploaded Hugging Face config.json",
     }
 

@@ -1,16 +1,24 @@
 """Recommendation service: validated scenario -> catalog specs + calibration -> cost model -> stored answer."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import hashlib
 import json
-from typing import Any
+import math
+import threading
+from typing import Any, Iterator
 
-from sqlalchemy import Select, select
+import sqlalchemy as sa
+from sqlalchemy import Select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import undefer
 
 from .. import costmodel
 from ..errors import ApiError, field_error
 from ..extensions import db
-from ..models import Recommendation, Workload
+from ..models import Recommendation, Workload, utcnow
 from . import calibrations, catalog
 
 
@@ -59,58 +67,154 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     return answer, answer.get("calibration_run_id")
 
 
-def create(data: dict[str, Any]) -> Recommendation:
+def non_finite_path(data: Any, prefix: str = "") -> str | None:
+    """The path of the first NaN or ±Infinity in an answer, else None (JSON has no such numbers)."""
+    stack = [(data, prefix)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return path or "_schema"
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node))
+    return None
+
+
+def summary_columns(scenario: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """The list and export columns of one answer, stored beside it (README: Export columns)."""
+    workload = scenario.get("workload") or {}
+    speedup, tpot = answer.get("speedup") or {}, answer.get("tpot_ms") or {}
+    usd = (answer.get("tco") or {}).get("usd_per_million_output_tokens") or {}
+    concurrency = workload.get("concurrency")
+    if concurrency is None:  # open loop: the concurrency the cost model derived (Little's law)
+        concurrency = (answer.get("concurrency") or {}).get("speculative")
+    return {"gpu_count": scenario.get("gpu_count", 1), "structure": workload.get("structure"),
+            "concurrency": concurrency, "speedup_low": speedup.get("low"), "speedup_high": speedup.get("high"),
+            "num_speculative_tokens": answer.get("num_speculative_tokens"),
+            "tpot_ms_baseline": tpot.get("baseline"), "tpot_ms_speculative": tpot.get("speculative"),
+            "usd_per_million_output_tokens_baseline": usd.get("baseline"),
+            "usd_per_million_output_tokens_speculative": usd.get("speculative")}
+
+
+def create(data: dict[str, Any]) -> dict[str, Any]:
+    """Answer a validated scenario and store it; returns the stored answer (``as_dict``'s shape)."""
+    return create_with_json(data)[0]
+
+
+def create_with_json(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Answer a validated scenario and store it: ``(stored answer, the same as JSON text)``.
+
+    The answer is encoded once: that text is what the database stores and what the response sends (encoding
+    refuses NaN and ±Infinity, which JSON cannot carry). One INSERT statement on PostgreSQL (the workload upsert
+    rides along as a CTE), two on SQLite; the upsert (``ON CONFLICT``) makes concurrent identical scenarios
+    safe; nothing is read back after the commit."""
     answer, run_id = predict(data)
+    try:
+        answer_text = json.dumps(answer, allow_nan=False)
+    except ValueError:  # belt and braces: the cost model should never produce these
+        bad = non_finite_path(answer)
+        raise ApiError(422, f"This scenario has no finite answer ('{bad}' is not a number); check its inputs.",
+                       fields={"_schema": [f"{bad} is not finite"]}) from None
     canonical = json.dumps(data, sort_keys=True, default=str)
     fingerprint = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-    workload = db.session.scalar(select(Workload).where(Workload.fingerprint == fingerprint))
-    if workload is None:
-        workload = Workload(fingerprint=fingerprint, scenario=json.loads(canonical))
-        db.session.add(workload)
     speculator = data["speculator"]
-    rec = Recommendation(
-        workload=workload, gpu=data["gpu"], target_model=data["target_model"], method=speculator["method"],
-        draft_model=speculator.get("draft_model"), decision=answer["decision"],
+    now = utcnow()
+    values = {
+        "created_at": now, "gpu": data["gpu"], "target_model": data["target_model"],
+        "method": speculator["method"], "draft_model": speculator.get("draft_model"),
+        "decision": answer["decision"],
         # a deployment that cannot exist has no speedup (null in the answer); the summary column stores 0
-        expected_speedup=float(answer["speedup"]["expected"] or 0.0), inputs=json.loads(canonical), answer=answer,
-        cost_model_version=answer.get("cost_model_version", costmodel.COST_MODEL_VERSION),
-        calibration_run_id=run_id,
-    )
-    db.session.add(rec)
-    db.session.commit()
-    return rec
+        "expected_speedup": float((answer.get("speedup") or {}).get("expected") or 0.0),
+        **summary_columns(data, answer), "inputs": canonical, "answer": answer_text,
+        "cost_model_version": answer.get("cost_model_version", costmodel.COST_MODEL_VERSION),
+        "calibration_run_id": run_id,
+    }
+    rec_id, workload_id = _insert(fingerprint, canonical, now, values)
+    head = json.dumps({"id": rec_id, "created_at": now.isoformat(), "workload_id": workload_id, "scenario": None})
+    text = head[:-len("null}")] + canonical + ", " + answer_text[1:]
+    return {"id": rec_id, "created_at": now, "workload_id": workload_id, "scenario": data, **answer}, text
+
+
+_RECOMMENDATION_COLUMNS = tuple(c.name for c in Recommendation.__table__.c if c.name not in ("id", "workload_id"))
+
+
+def _bind(name: str, column: sa.Column, dialect: str) -> Any:
+    """A bound parameter for ``column``; JSON columns take text already encoded (cast to json on PostgreSQL)."""
+    if isinstance(column.type, sa.JSON):
+        text = sa.bindparam(name, type_=sa.Text())
+        return sa.cast(text, column.type) if dialect == "postgresql" else text
+    return sa.bindparam(name, type_=column.type)
+
+
+@functools.cache
+def _insert_statements(dialect: str) -> tuple[Any, Any]:
+    """(workload upsert, recommendation insert), built once per dialect with bound parameters, so each POST only
+    binds values (SQLAlchemy caches their compiled form)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    table, workloads = Recommendation.__table__, Workload.__table__
+    workload = insert(workloads).values(**{name: _bind(f"w_{name}", workloads.c[name], dialect)
+                                           for name in ("fingerprint", "scenario", "created_at")})
+    # DO UPDATE (a no-op write) rather than DO NOTHING so RETURNING gives the id whether or not it existed
+    workload = workload.on_conflict_do_update(index_elements=["fingerprint"],
+                                              set_={"fingerprint": workload.excluded.fingerprint})
+    workload = workload.returning(Workload.__table__.c.id)
+    values = {name: _bind(name, table.c[name], dialect) for name in _RECOMMENDATION_COLUMNS}
+    if dialect == "postgresql":
+        cte = workload.cte("workload")
+        recommendation = (sa.insert(table).add_cte(cte)
+                          .values(workload_id=sa.select(cte.c.id).scalar_subquery(), **values)
+                          .returning(table.c.id, table.c.workload_id))
+        return None, recommendation
+    values["workload_id"] = sa.bindparam("workload_id", type_=sa.Integer())
+    return workload, sa.insert(table).values(**values).returning(table.c.id, table.c.workload_id)
+
+
+def _insert(fingerprint: str, scenario: str, now: Any, values: dict[str, Any]) -> tuple[int, int]:
+    session = db.session
+    connection = session.connection()
+    workload, recommendation = _insert_statements(connection.dialect.name)
+    params = {"w_fingerprint": fingerprint, "w_scenario": scenario, "w_created_at": now, **values}
+    with sqlite_write_lock(connection.engine):
+        if workload is not None:
+            params["workload_id"] = connection.execute(workload, params).scalar_one()
+        rec_id, workload_id = connection.execute(recommendation, params).one()
+        session.commit()
+    return rec_id, workload_id
+
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_LOCK_FILES: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def sqlite_write_lock(engine: sa.Engine) -> Iterator[None]:
+    """SQLite has one writer at a time; a writer that finds the file locked polls with growing sleeps (SQLite's
+    busy handler: 1, 2, 5, 10 … 100 ms), which under load left cores idle and POSTs waiting seconds. Writers of
+    this service queue instead: a thread lock within the process, an ``flock`` on a file beside the database
+    between worker processes; both wake the next writer as soon as the lock is free. No-op on other backends."""
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not path or path == ":memory:":
+        yield
+        return
+    lock = _THREAD_LOCKS.setdefault(path, threading.Lock())
+    with lock:
+        handle = _LOCK_FILES.get(path)
+        if handle is None:
+            handle = _LOCK_FILES[path] = open(f"{path}.write-lock", "a+b")  # noqa: SIM115  (kept open)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def get(rec_id: int) -> Recommendation:
-    rec = db.session.get(Recommendation, rec_id)
+    rec = db.session.get(Recommendation, rec_id,
+                         options=[undefer(Recommendation.inputs), undefer(Recommendation.answer)])
     if rec is None:
         raise ApiError(404, f"No recommendation with id {rec_id}.")
     return rec
-
-
-def filtered(filters: dict[str, Any]) -> Select:
-    query = select(Recommendation).order_by(Recommendation.id.desc())
-    for key in ("gpu", "target_model", "method", "decision"):
-        if filters.get(key):
-            query = query.where(getattr(Recommendation, key) == filters[key])
-    if filters.get("created_after"):
-        query = query.where(Recommendation.created_at >= filters["created_after"])
-    if filters.get("created_before"):
-        query = query.where(Recommendation.created_at <= filters["created_before"])
-    return query
-
-
-def list_all(filters: dict[str, Any], limit: int | None = None) -> list[Recommendation]:
-    query = filtered(filters)
-    if limit:
-        query = query.limit(limit)
-    return list(db.session.scalars(query))
-
-
-def as_dict(rec: Recommendation) -> dict[str, Any]:
-    """The full stored answer: the cost model's answer plus identity and the scenario it answered."""
-    return {"id": rec.id, "created_at": rec.created_at, "workload_id": rec.workload_id,
-            "scenario": rec.inputs, **rec.answer}
 
 
 # Stable export columns (README: "Export columns"); append only, never rename.
@@ -120,27 +224,34 @@ EXPORT_COLUMNS = (
     "tpot_ms_baseline", "tpot_ms_speculative", "usd_per_million_output_tokens_baseline",
     "usd_per_million_output_tokens_speculative", "calibration_run_id", "cost_model_version",
 )
+_SUMMARY_SELECT = tuple(Recommendation.expected_speedup.label(c) if c == "speedup_expected"
+                        else getattr(Recommendation, c) for c in EXPORT_COLUMNS)
 
 
-def summary(rec: Recommendation) -> dict[str, Any]:
-    """One flat row per recommendation, for lists, CSV and spreadsheets."""
-    answer, inputs = rec.answer, rec.inputs
-    workload = inputs.get("workload", {})
-    usd = (answer.get("tco") or {}).get("usd_per_million_output_tokens") or {}
-    concurrency = workload.get("concurrency")
-    if concurrency is None:  # open loop: the concurrency the cost model derived (Little's law)
-        concurrency = (answer.get("concurrency") or {}).get("speculative")
-    return {
-        "id": rec.id, "created_at": rec.created_at, "gpu": rec.gpu, "gpu_count": inputs.get("gpu_count", 1),
-        "target_model": rec.target_model, "method": rec.method, "draft_model": rec.draft_model,
-        "structure": workload.get("structure"), "concurrency": concurrency, "decision": rec.decision,
-        "speedup_expected": answer["speedup"]["expected"], "speedup_low": answer["speedup"]["low"],
-        "speedup_high": answer["speedup"]["high"], "num_speculative_tokens": answer.get("num_speculative_tokens"),
-        "tpot_ms_baseline": answer["tpot_ms"]["baseline"], "tpot_ms_speculative": answer["tpot_ms"]["speculative"],
-        "usd_per_million_output_tokens_baseline": usd.get("baseline"),
-        "usd_per_million_output_tokens_speculative": usd.get("speculative"),
-        "calibration_run_id": rec.calibration_run_id, "cost_model_version": rec.cost_model_version,
-    }
+def filtered(filters: dict[str, Any]) -> Select:
+    """The summary columns of the matching recommendations, newest first (no answer is read)."""
+    query = sa.select(*_SUMMARY_SELECT).order_by(Recommendation.id.desc())
+    for key in ("gpu", "target_model", "method", "decision"):
+        if filters.get(key):
+            query = query.where(getattr(Recommendation, key) == filters[key])
+    if filters.get("created_after"):  # UtcDateTime compares instants: +02:00 and Z agree on every backend
+        query = query.where(Recommendation.created_at >= filters["created_after"])
+    if filters.get("created_before"):
+        query = query.where(Recommendation.created_at <= filters["created_before"])
+    return query
+
+
+def list_all(filters: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+    query = filtered(filters)
+    if limit:
+        query = query.limit(limit)
+    return [dict(row._mapping) for row in db.session.execute(query)]
+
+
+def as_dict(rec: Recommendation) -> dict[str, Any]:
+    """The full stored answer: the cost model's answer plus identity and the scenario it answered."""
+    return {"id": rec.id, "created_at": rec.created_at, "workload_id": rec.workload_id,
+            "scenario": rec.inputs, **rec.answer}
 
 
 COMPARE_ROWS = (

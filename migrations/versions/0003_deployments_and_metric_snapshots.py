@@ -1,7 +1,7 @@
 """deployments and metric snapshots
 
 Revision ID: 0003
-Revises: 0001 (the lead points it at 0002 when the parallel 0002 merges)
+Revises: 0002
 Create Date: 2026-11-30 16:24:08.855772
 """
 from alembic import op
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = '0003'
-down_revision = '0001'
+down_revision = '0002'
 branch_labels = None
 depends_on = None
 

@@ -1,7 +1,7 @@
 """capacity plans (issue 12)
 
 Revision ID: 0004
-Revises: 0001 (on its own branch; 0003 once the parallel migrations 0002 and 0003 are merged)
+Revises: 0003
 Create Date: 2026-11-30 16:35:00
 """
 from alembic import op

@@ -1,0 +1,51 @@
+"""gunicorn settings for the API (``advisor serve``, the Dockerfile, compose): ``gunicorn -c python:advisor.gunicorn_conf``.
+
+Worker model: ``gthread``. Each worker process accepts connections in its main thread and hands a connection to
+one of its threads only once bytes have arrived, so idle and kept-alive connections hold no thread. A client that
+trickles its header a byte at a time does hold one thread until the header is complete, not a whole process as
+with ``sync`` workers (where two such clients stalled the service). 64 threads per worker keep threads free
+with 50 trickling sockets even when one worker accepted them all (tests/api/test_gunicorn.py). Facing the
+internet, put a buffering proxy in front. Requests are CPU-bound (the cost model, JSON), so ``workers`` = cores;
+the threads overlap the database and the network.
+
+Environment: SPECADVISOR_BIND (127.0.0.1:8000), SPECADVISOR_WORKERS (cores), SPECADVISOR_THREADS (64),
+PROMETHEUS_MULTIPROC_DIR (a fresh temporary folder unless given).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+bind = os.environ.get("SPECADVISOR_BIND", "127.0.0.1:8000")
+worker_class = "gthread"
+workers = int(os.environ.get("SPECADVISOR_WORKERS") or os.cpu_count() or 2)
+threads = int(os.environ.get("SPECADVISOR_THREADS", "64"))
+keepalive = 5  # seconds an idle keep-alive connection is kept
+timeout = 60  # a worker that stops heart-beating this long is restarted
+graceful_timeout = 20
+backlog = 2048
+limit_request_line = 8190
+limit_request_fields = 100
+max_requests = 20_000  # recycle workers now and then (bounded memory growth)
+max_requests_jitter = 2_000
+accesslog = os.environ.get("SPECADVISOR_ACCESS_LOG", "-") or None
+control_socket_disable = True  # no control socket: works on a read-only root filesystem
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+wsgi_app = "advisor:create_app()"
+
+# prometheus_client multiprocess mode: every worker writes its samples under this folder, /metrics merges them
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="specadvisor-metrics-")
+
+
+def on_starting(server) -> None:  # noqa: ANN001
+    folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    shutil.rmtree(folder, ignore_errors=True)  # samples of an earlier run would be summed in
+    os.makedirs(folder, exist_ok=True)
+
+
+def child_exit(server, worker) -> None:  # noqa: ANN001
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

@@ -1,0 +1,465 @@
+"""Issue 10: a service that holds under abuse. Each test here failed on the service before the fix.
+
+Races are forced, not hoped for: the threads meet at a barrier right before the step that used to race.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import socket
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import example_scenario
+
+THREADS = 12
+
+
+def _run_in_threads(app, fn, n=THREADS):
+    """Run ``fn(client)`` in ``n`` threads, each with its own test client; returns their results in order."""
+    results, errors = [None] * n, []
+
+    def worker(i):
+        try:
+            results[i] = fn(app.test_client())
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return results
+
+
+# --- races -------------------------------------------------------------------------------------------------
+def test_concurrent_identical_posts_all_succeed(app, client, monkeypatch):
+    from advisor.services import recommendations as service
+
+    barrier = threading.Barrier(THREADS, timeout=30)
+    predict = service.predict
+
+    def predict_then_meet(data):
+        result = predict(data)
+        barrier.wait()  # every thread reaches the database at once with the same workload fingerprint
+        return result
+
+    monkeypatch.setattr(service, "predict", predict_then_meet)
+    responses = _run_in_threads(app, lambda c: c.post("/v1/recommendations", json=example_scenario()))
+    assert [r.status_code for r in responses] == [201] * THREADS, [r.get_json() for r in responses]
+    ids = {r.get_json()["id"] for r in responses}
+    workloads = {r.get_json()["workload_id"] for r in responses}
+    assert len(ids) == THREADS and len(workloads) == 1
+    listed = client.get("/v1/recommendations?page_size=100").get_json()
+    assert {row["id"] for row in listed} == ids  # every acknowledged answer is stored
+
+
+def test_concurrent_catalog_creates_one_201_the_rest_409(app, client, auth):
+    from sqlalchemy.orm import Session
+
+    barrier = threading.Barrier(THREADS, timeout=30)
+
+    def meet(session, flush_context, instances):
+        if any(getattr(obj, "name", None) == "RACE-GPU" for obj in session.new):
+            barrier.wait()  # all have checked "does it exist?" and are about to insert
+
+    gpu = {"name": "RACE-GPU", "vendor": "acme", "gpu_class": "hopper", "memory_gb": 80,
+           "hbm_bandwidth_gb_per_s": 3000, "bf16_tflops": 900, "gpu_hour_usd": 2.0,
+           "gpu_hour_usd_date": "2026-11-01", "source": "test"}
+    sa.event.listen(Session, "before_flush", meet)
+    try:
+        responses = _run_in_threads(app, lambda c: c.post("/v1/gpus", json=gpu, headers=auth))
+    finally:
+        sa.event.remove(Session, "before_flush", meet)
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [201] + [409] * (THREADS - 1), [r.get_json() for r in responses]
+    conflict = next(r for r in responses if r.status_code == 409).get_json()["error"]
+    assert conflict["code"] == "conflict" and "name" in conflict["fields"]
+
+
+# --- ids, pages, numbers, nesting --------------------------------------------------------------------------
+@pytest.mark.parametrize("method,url,status", [
+    ("get", "/v1/recommendations/2147483648", 404),
+    ("get", "/v1/recommendations/99999999999999999999999999", 404),
+    ("get", "/v1/recommendations/0", 404),
+    ("get", "/v1/recommendations/%C2%B2", 422),  # ² is a digit to str.isdigit, not to int()
+    ("get", "/v1/recommendations/%D9%A3", 422),  # ٣ (Arabic-Indic three) is one to int()
+    ("get", "/v1/recommendations/-1", 422),
+    ("get", "/v1/recommendations/99999999999999999999/report", 404),
+    ("get", "/v1/recommendations/%C2%B2/report", 422),
+    ("get", "/v1/calibrations/99999999999999999999", 404),
+    ("patch", "/v1/calibrations/99999999999999999999", 404),
+    ("get", "/v1/calibrations/%C2%B2/report", 422),
+    ("get", "/v1/recommendations/compare?ids=1,99999999999999999999", 422),
+    ("get", "/v1/recommendations/compare?ids=1,%C2%B2", 422),
+    ("get", "/v1/recommendations/compare?ids=1,%D9%A3", 422),
+    ("get", "/v1/recommendations/compare/report?ids=1,%C2%B2", 422),
+    ("get", "/v1/recommendations/compare/report?ids=1,99999999999999999999", 422),
+    ("get", "/v1/recommendations?page=99999999999999999999", 422),
+    ("get", "/v1/recommendations?page=9223372036854775807&page_size=100", 422),
+    ("get", "/v1/recommendations?page_size=99999999999999999999", 422),
+    ("get", "/v1/recommendations?page=" + "9" * 5000, 422),
+])
+def test_ids_and_pages_beyond_range_are_404_or_422(client, auth, method, url, status):
+    response = getattr(client, method)(url, headers=auth, json={} if method == "patch" else None)
+    assert response.status_code == status, response.get_json()
+    assert response.get_json()["error"]["status"] == status
+
+
+HUGE_INT = "1" + "0" * 5000
+DEEP = "[" * 10_000 + "]" * 10_000
+DEEP_OBJECT = '{"a":' * 100 + "1" + "}" * 100  # under the parser's recursion limit, over the app's
+
+
+def _routes(app):
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static" or "<path:" in rule.rule:
+            continue
+        url = rule.rule.replace("<id:rec_id>", "1").replace("<id:run_id>", "1").replace("<name>", "H100-SXM")
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            yield method, url
+
+
+@pytest.mark.parametrize("body", [f'{{"gpu": {HUGE_INT}}}', DEEP, DEEP_OBJECT, f"[{HUGE_INT}]"],
+                         ids=["5000-digit-int", "10000-deep-array", "100-deep-object", "int-in-list"])
+def test_huge_ints_and_deep_nesting_are_400_on_every_route(app, client, auth, body):
+    checked = 0
+    for method, url in _routes(app):
+        response = client.open(url, method=method, data=body, content_type="application/json", headers=auth)
+        assert response.status_code < 500, (method, url, response.data[:300])
+        if method in ("POST", "PUT", "PATCH") and "import" not in url:
+            assert response.status_code == 400, (method, url, response.get_json())
+            assert response.get_json()["error"]["code"] == "bad_request"
+            checked += 1
+    assert checked >= 6
+
+
+def test_a_huge_float_is_a_422_not_infinity(client):
+    body = json.dumps(example_scenario()).replace('"gpu_hour_usd": 3.0', '"gpu_hour_usd": 1e400')
+    response = client.post("/v1/recommendations", data=body, content_type="application/json")
+    assert response.status_code == 422 and "gpu_hour_usd" in response.get_json()["error"]["fields"]
+
+
+# --- no NaN or Infinity, from any input ---------------------------------------------------------------------
+def _strict_json(response):
+    return json.loads(response.get_data(as_text=True),
+                      parse_constant=lambda c: pytest.fail(f"{c} in a response body"))
+
+
+@pytest.mark.parametrize("rates", [[0.8, 0.8], [0.9, 0.9, 0.9], [1.0, 1.0], [0.5, 0.5, 0.25, 0.25], [0.0, 0.0]])
+def test_flat_per_position_never_gives_nan(client, rates):
+    body = example_scenario(acceptance={"per_position": rates})
+    response = client.post("/v1/recommendations", json=body)
+    assert response.status_code in (201, 422), response.data[:300]
+    _strict_json(response)
+    listed = client.get("/v1/recommendations")
+    assert listed.status_code == 200
+    _strict_json(listed)
+
+
+def test_no_nan_or_infinity_reaches_the_database(app):
+    from advisor.extensions import db
+    from advisor.models import Workload
+
+    with app.app_context():
+        db.session.add(Workload(fingerprint="nan-test", scenario={"x": math.nan}))
+        with pytest.raises(Exception, match="JSON compliant|Out of range float"):
+            db.session.commit()
+        db.session.rollback()
+
+
+# --- calibration uploads ------------------------------------------------------------------------------------
+GOOD_STEP = {"bandwidth_efficiency": 0.7, "compute_efficiency": 0.5, "fixed_overhead_s": 0.002}
+
+
+@pytest.fixture()
+def external_run(client, auth):
+    response = client.post("/v1/calibrations", headers=auth, json={
+        "hardware": "H100-SXM", "target_model": "llama-3.1-8b-instruct", "external": True})
+    assert response.status_code == 202, response.get_json()
+    return response.get_json()["id"]
+
+
+@pytest.mark.parametrize("update,field", [
+    ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": {}}]},
+     "fits.0.params.bandwidth_efficiency"),
+    ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct",
+                "params": {**GOOD_STEP, "bandwidth_efficiency": 0}}]}, "fits.0.params.bandwidth_efficiency"),
+    ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct",
+                "params": {**GOOD_STEP, "fixed_overhead_s": "soon"}}]}, "fits.0.params.fixed_overhead_s"),
+    ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct",
+                "params": {**GOOD_STEP, "covariance": [[1, 2], [3, 4]]}}]}, "fits.0.params.covariance"),
+    ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": {**GOOD_STEP, "warp": 9}}]},
+     "fits.0.params.warp"),
+    ({"fits": [{"kind": "prefill", "key": "llama-3.1-8b-instruct", "params": {"compute_efficiency": -1,
+                                                                             "fixed_overhead_s": 0}}]},
+     "fits.0.params.compute_efficiency"),
+    ({"fits": [{"kind": "acceptance", "key": "ngram||prose", "params": {
+        "method": "ngram", "drafter": None, "structure": "prose", "logit_intercept": 1e300,
+        "logit_position_slope": 0, "logit_temperature_slope": 0}}]}, "fits.0.params.logit_intercept"),
+    ({"fits": [{"kind": "acceptance", "key": "eagle||prose", "params": {
+        "method": "ngram", "drafter": None, "structure": "prose", "logit_intercept": 1,
+        "logit_position_slope": 0, "logit_temperature_slope": 0}}]}, "fits.0.key"),
+    ({"fits": [{"kind": "acceptance", "key": "ngram||prose", "params": {
+        "method": "ngram", "drafter": None, "structure": "prose", "logit_intercept": 1,
+        "logit_position_slope": 0, "logit_temperature_slope": 0, "temperature_range": [2, 0]}}]},
+     "fits.0.params.temperature_range"),
+    ({"fits": [{"kind": "magic", "key": "x", "params": {}}]}, "fits.0.kind"),
+    ({"environment": {"cpu": {"ghz": math.nan}}}, "environment"),
+    ({"environment": {"x": math.inf}}, "environment"),
+    ({"measurements": [{"probe": "timing", "params": {}, "values": {"step_time_s": -math.inf}}]},
+     "measurements.0.values"),
+    ({"measurements": [{"probe": "timing", "params": {"engine": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {
+        "i": 1}}}}}}}}}}, "values": {}}]}, "measurements.0.params"),
+    ({"progress": math.nan}, "progress"),
+    ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": GOOD_STEP,
+                "residuals": [math.inf]}]}, "fits.0.residuals.0"),
+])
+def test_calibration_upload_is_checked_against_the_cost_model(client, auth, external_run, update, field):
+    body = json.dumps(update)  # Python writes NaN / Infinity literals, as a careless client would
+    response = client.patch(f"/v1/calibrations/{external_run}", data=body, content_type="application/json",
+                            headers=auth)
+    assert response.status_code == 422, response.get_json()
+    assert any(name.startswith(field) for name in response.get_json()["error"]["fields"]), response.get_json()
+
+
+def test_engine_with_nan_is_rejected_on_create(client, auth):
+    body = json.dumps({"hardware": "H100-SXM", "target_model": "llama-3.1-8b-instruct", "external": True,
+                       "engine": {"max_model_len": math.inf}})
+    response = client.post("/v1/calibrations", data=body, content_type="application/json", headers=auth)
+    assert response.status_code == 422 and "engine" in response.get_json()["error"]["fields"]
+
+
+def test_a_valid_upload_keeps_recommendations_working(client, auth, external_run):
+    response = client.patch(f"/v1/calibrations/{external_run}", headers=auth, json={
+        "status": "succeeded",
+        "fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": GOOD_STEP, "residuals": [0.01]},
+                 {"kind": "acceptance", "key": "ngram||prose", "params": {
+                     "method": "ngram", "drafter": None, "structure": "prose", "logit_intercept": 1.0,
+                     "logit_position_slope": -0.3, "logit_temperature_slope": -0.5, "draft_fraction": 0.6}}]})
+    assert response.status_code == 200, response.get_json()
+    answer = client.post("/v1/recommendations", json=example_scenario())
+    assert answer.status_code == 201 and answer.get_json()["calibration_run_id"] == external_run
+
+
+# --- /v1/models/import --------------------------------------------------------------------------------------
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+         "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+
+
+@pytest.mark.parametrize("change", [
+    {"hidden_size": "4096"}, {"hidden_size": 1e308}, {"num_hidden_layers": 10**30}, {"head_dim": "x" * 50},
+    {"num_key_value_heads": "8"}, {"num_local_experts": 10**9, "num_experts_per_tok": 2},
+    {"num_local_experts": 8, "num_experts_per_tok": 9}, {"moe_intermediate_size": [1]},
+    {"tie_word_embeddings": "yes"}, {"model_type": {"a": 1}}, {"vocab_size": -5}, {"text_config": "x"},
+    {"hidden_size": True},
+])
+def test_model_import_checks_types_and_bounds(client, auth, change):
+    config = {**LLAMA, **change}
+    start = time.perf_counter()
+    response = client.post("/v1/models/import", headers=auth, content_type="multipart/form-data", data={
+        "name": "imported-x", "family": "llama", "tokenizer_family": "llama3",
+        "config": (__import__("io").BytesIO(json.dumps(config).encode()), "config.json")})
+    assert time.perf_counter() - start < 2.0
+    assert response.status_code == 422, response.get_json()
+    assert "config" in response.get_json()["error"]["fields"] or response.get_json()["error"]["fields"]
+
+
+# --- Redis and the database unavailable ----------------------------------------------------------------------
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_redis_down_is_a_503_and_leaves_no_queued_run(app, client, auth):
+    app.config["REDIS_URL"] = f"redis://127.0.0.1:{_closed_port()}/0"
+    try:
+        start = time.perf_counter()
+        response = client.post("/v1/calibrations", headers=auth, json={
+            "hardware": "H100-SXM", "target_model": "llama-3.1-8b-instruct"})
+        assert time.perf_counter() - start < 10
+        assert response.status_code == 503, response.get_json()
+        assert "Redis" in response.get_json()["error"]["message"]
+        assert client.get("/v1/calibrations").get_json() == []  # no orphan "queued" run
+        health = client.get("/v1/health")
+        body = health.get_json()
+        assert health.status_code == 200 and body["database"] == "ok"
+        assert body["redis"].startswith("error") and body["status"] == "degraded"
+    finally:
+        app.config["REDIS_URL"] = ""
+    assert client.get("/v1/health").get_json()["redis"] == "not configured"
+
+
+class _BlackHole:
+    """A TCP server that accepts connections and never answers: a hung database."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.held = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_hung_database_is_a_json_503_in_seconds(tmp_path):
+    from advisor import create_app
+
+    hole = _BlackHole()
+    try:
+        start = time.perf_counter()
+        app = create_app({"SQLALCHEMY_DATABASE_URI": f"postgresql+psycopg://u@127.0.0.1:{hole.port}/db",
+                          "AUTO_MIGRATE": False, "DB_TIMEOUT_S": 1.0, "INSTANCE_PATH": str(tmp_path)})
+        client = app.test_client()
+        for url in ("/v1/health", "/v1/recommendations", "/v1/gpus", "/v1/recommendations/1"):
+            response = client.get(url)
+            assert response.status_code == 503, (url, response.data[:200])
+            assert response.is_json and response.headers.get("Retry-After")
+        assert client.get("/v1/health").get_json()["database"].startswith("error")
+        assert time.perf_counter() - start < 30  # 5 requests + a start, each bounded by the 1 s time-out
+    finally:
+        hole.close()
+
+
+@pytest.mark.postgres
+def test_a_locked_table_is_a_503_not_a_stuck_worker(app, client, database_url):
+    if not database_url.startswith("postgresql"):
+        pytest.skip("statement and lock time-outs are PostgreSQL settings")
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("LOCK TABLE recommendations IN ACCESS EXCLUSIVE MODE"))
+            start = time.perf_counter()
+            response = client.get("/v1/recommendations")
+            elapsed = time.perf_counter() - start
+        assert response.status_code == 503 and response.is_json, response.data[:200]
+        assert elapsed < 8  # the pool's sessions carry lock_timeout = SPECADVISOR_DB_TIMEOUT_S (5 s)
+    finally:
+        engine.dispose()
+    assert client.get("/v1/recommendations").status_code == 200
+
+
+# --- headers and error bodies --------------------------------------------------------------------------------
+def test_405_carries_allow_and_401_carries_www_authenticate(client):
+    response = client.delete("/v1/recommendations")
+    assert response.status_code == 405 and set(response.headers["Allow"].replace(" ", "").split(",")) >= {
+        "GET", "POST"}
+    assert response.get_json()["error"]["code"] == "method_not_allowed"
+    denied = client.post("/v1/gpus", json={})
+    assert denied.status_code == 401 and denied.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_json_is_nosniff_and_the_docs_have_a_csp(client):
+    for url in ("/v1/health", "/v1/gpus", "/v1/nope", "/v1/openapi.json"):
+        assert client.get(url).headers["X-Content-Type-Options"] == "nosniff", url
+    docs = client.get("/v1/docs")
+    csp = docs.headers["Content-Security-Policy"]
+    assert "default-src 'none'" in csp and "'sha256-" in csp and "unsafe-eval" not in csp
+
+
+def test_error_bodies_are_the_documented_error_schema(client):
+    spec = client.get("/v1/openapi.json").get_json()
+    error = spec["components"]["schemas"]["Error"]
+    assert error["required"] == ["error"]
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            if method in ("get", "post", "put", "patch", "delete"):
+                assert "default" in operation["responses"], (path, method)
+
+
+def test_metrics_content_type_and_per_route_counts(client):
+    client.get("/v1/gpus")
+    client.get("/v1/recommendations/999")
+    response = client.get("/metrics")
+    assert response.headers.getlist("Content-Type") == [response.headers["Content-Type"]]
+    assert response.headers["Content-Type"].count("charset") == 1
+    text = response.get_data(as_text=True)
+    assert 'specadvisor_http_requests_total{method="GET",route="/v1/gpus",status="200"}' in text
+    assert 'route="/v1/recommendations/<id:rec_id>",status="404"' in text
+    assert "specadvisor_http_request_duration_seconds_bucket" in text
+
+
+# --- time zones ---------------------------------------------------------------------------------------------
+def test_created_after_and_before_compare_instants_with_their_offsets(client):
+    rec = client.post("/v1/recommendations", json=example_scenario()).get_json()
+    created = dt.datetime.fromisoformat(rec["created_at"])
+    assert created.utcoffset() == dt.timedelta(0)
+    before = created - dt.timedelta(seconds=1)
+    after = created + dt.timedelta(seconds=1)
+    for instant, expect in ((before, [rec["id"]]), (after, [])):
+        as_z = instant.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        as_plus2 = instant.astimezone(dt.timezone(dt.timedelta(hours=2))).isoformat()
+        as_minus7 = instant.astimezone(dt.timezone(dt.timedelta(hours=-7))).isoformat()
+        for text in (as_z, as_plus2, as_minus7):
+            rows = client.get("/v1/recommendations", query_string={"created_after": text}).get_json()
+            assert [r["id"] for r in rows] == expect, (text, rows)
+    as_plus2 = after.astimezone(dt.timezone(dt.timedelta(hours=2))).isoformat()
+    rows = client.get("/v1/recommendations", query_string={"created_before": as_plus2}).get_json()
+    assert [r["id"] for r in rows] == [rec["id"]]
+
+
+# --- schema versions and migrations -------------------------------------------------------------------------
+def test_migrate_down_asks_for_a_target(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from advisor.cli import migrate
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("DATABASE_URL", url)
+    runner = CliRunner()
+    assert runner.invoke(migrate, []).exit_code == 0
+    result = runner.invoke(migrate, ["--down"])
+    assert result.exit_code != 0 and "--revision" in result.output
+    result = runner.invoke(migrate, ["--down", "--revision", "base"], input="n\n")
+    assert result.exit_code != 0 and "Drop every" in result.output
+    assert "recommendations" in sa.inspect(sa.create_engine(url)).get_table_names()  # nothing dropped
+    assert runner.invoke(migrate, ["--down", "--revision", "0001"]).exit_code == 0
+    assert runner.invoke(migrate, ["--down", "--revision", "base", "--yes"]).exit_code == 0
+    assert "recommendations" not in sa.inspect(sa.create_engine(url)).get_table_names()
+
+
+@pytest.mark.parametrize("auto_migrate", [True, False])
+def test_the_app_refuses_a_schema_newer_than_its_code(tmp_path, auto_migrate):
+    from advisor import create_app
+    from advisor.storage import SchemaMismatch, upgrade
+
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    engine = sa.create_engine(url)
+    upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0099'"))
+    with pytest.raises(SchemaMismatch, match="0099, newer than this specadvisor"):
+        create_app({"SQLALCHEMY_DATABASE_URI": url, "AUTO_MIGRATE": auto_migrate, "INSTANCE_PATH": str(tmp_path)})
+
+
+def test_the_app_refuses_an_older_schema_without_auto_migrate(tmp_path):
+    from advisor import create_app
+    from advisor.storage import SchemaMismatch, upgrade
+
+    url = f"sqlite:///{tmp_path / 'older.db'}"
+    upgrade(sa.create_engine(url), "0001")
+    with pytest.raises(SchemaMismatch, match="advisor migrate"):
+        create_app({"SQLALCHEMY_DATABASE_URI": url, "AUTO_MIGRATE": False, "INSTANCE_PATH": str(tmp_path)})
+    app = create_app({"SQLALCHEMY_DATABASE_URI": url, "AUTO_MIGRATE": True, "INSTANCE_PATH": str(tmp_path)})
+    assert app.test_client().get("/v1/health").status_code == 200
