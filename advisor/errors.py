@@ -200,8 +200,12 @@ def reject_unstorable_strings() -> None:
     from flask import request
 
     pairs = [*request.args.items(multi=True), *request.form.items(multi=True)]  # repeated keys: every value
-    for data in (request.view_args or {}, *({key: value} for key, value in pairs),
-                 request.get_json(silent=True) if request.is_json else None):
+    body = None
+    if request.is_json and request.method in ("POST", "PUT", "PATCH") and request.get_data(cache=True):
+        body = request.get_json()  # malformed or abusive JSON is a 400 on every route, those that ignore bodies too
+    elif request.is_json:
+        body = request.get_json(silent=True)
+    for data in (request.view_args or {}, *({key: value} for key, value in pairs), body):
         field = find_unstorable(data)
         if field:
             raise field_error(field, "must be valid UTF-8 text without NUL (0x00) characters.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from flask import Blueprint as FlaskBlueprint
 from flask import Response
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from . import Blueprint
 
 from ..auth import token_required
 from ..schemas import (DeploymentCreateSchema, DeploymentSchema, DriftQuerySchema, DriftSchema,
@@ -33,7 +33,7 @@ class Deployments(MethodView):
         return service.as_dict(service.create(data))
 
 
-@blp.route("/<int:deployment_id>")
+@blp.route("/<id:deployment_id>")
 class DeploymentById(MethodView):
     @blp.response(200, DeploymentSchema)
     def get(self, deployment_id):
@@ -47,7 +47,7 @@ class DeploymentById(MethodView):
         service.delete(deployment_id)
 
 
-@blp.route("/<int:deployment_id>/scrape")
+@blp.route("/<id:deployment_id>/scrape")
 class Scrape(MethodView):
     @token_required
     @blp.response(201, ScrapeResultSchema)
@@ -56,7 +56,7 @@ class Scrape(MethodView):
         return service.scrape(service.get(deployment_id))
 
 
-@blp.route("/<int:deployment_id>/drift")
+@blp.route("/<id:deployment_id>/drift")
 class Drift(MethodView):
     @blp.arguments(DriftQuerySchema, location="query")
     @blp.response(200, DriftSchema)
@@ -65,7 +65,7 @@ class Drift(MethodView):
         return service.drift(service.get(deployment_id), args["limit"])
 
 
-@pages.get("/v1/deployments/<int:deployment_id>/report")
+@pages.get("/v1/deployments/<id:deployment_id>/report")
 def deployment_report(deployment_id: int) -> Response:
     """The drift as a page: realised AL vs the predicted band, concurrency vs break-even, TPOT, flags, verdict."""
     from ..reports.deployment import deployment_page

@@ -9,7 +9,7 @@ from .reports import html_response
 blp = Blueprint("plan_reports", __name__)
 
 
-@blp.get("/v1/plans/<int:plan_id>/report")
+@blp.get("/v1/plans/<id:plan_id>/report")
 def plan_report(plan_id: int) -> Response:
     """A plan's ranking and its monthly cost per option, with and without speculation, per load level."""
     from ..reports.plan_page import plan_page

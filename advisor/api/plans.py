@@ -6,7 +6,7 @@ import io
 
 from flask import Response, jsonify
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from . import Blueprint
 
 from ..auth import token_required
 from ..plan_schemas import PlanExportQuerySchema, PlanQuerySchema, PlanRequestSchema, PlanSchema, PlanSummarySchema
@@ -42,7 +42,7 @@ class Plans(MethodView):
         return service.as_dict(service.create(request))
 
 
-@blp.route("/<int:plan_id>")
+@blp.route("/<id:plan_id>")
 class PlanById(MethodView):
     @blp.response(200, PlanSchema)
     def get(self, plan_id):
@@ -50,7 +50,7 @@ class PlanById(MethodView):
         return service.as_dict(service.get(plan_id))
 
 
-@blp.route("/<int:plan_id>/export")
+@blp.route("/<id:plan_id>/export")
 class PlanExport(MethodView):
     @blp.arguments(PlanExportQuerySchema, location="query")
     @blp.response(200, description="CSV (text/csv) or JSON list, one row per option × load level; stable columns "

@@ -122,7 +122,7 @@ def create(data: dict[str, Any]) -> Deployment:
     except TargetRefused as exc:
         raise field_error("metrics_url", str(exc)) from None
     if data.get("scenario") is not None:
-        rec = recommendations.create(data["scenario"])
+        rec = recommendations.get(recommendations.create(data["scenario"])["id"])
     else:
         rec = db.session.get(Recommendation, data["recommendation_id"])
         if rec is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import math
 import socket
 import threading
@@ -121,7 +122,7 @@ def _routes(app):
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static" or "<path:" in rule.rule:
             continue
-        url = rule.rule.replace("<id:rec_id>", "1").replace("<id:run_id>", "1").replace("<name>", "H100-SXM")
+        url = re.sub(r"<id:\w+>", "1", rule.rule).replace("<name>", "H100-SXM")
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
             yield method, url
 
