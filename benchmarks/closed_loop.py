@@ -1,10 +1,11 @@
 """Closed loop (issue 4): calibrate on our probe set, predict held-out workloads, measure them with vLLM, compare.
 
-1. **calibrate** -- probes built from ``calibration.probes`` on this machine: target decode / verify step times over
-   batch sizes (verify also at T > 0), prefill over prompt lengths, an 8-layer truncated copy's decode steps, a
-   never-drafting speculative engine's steps (T = 0 and T > 0), n-gram acceptance (k = 4) on our prompt sets at
-   T = 0, 0.7, 1.0, and the model drafting for itself (k = 4: cycle times and acceptance). Fitted with
-   :mod:`calibration.fit` into a ``Calibration``.
+1. **calibrate** -- the product's probe plan (``calibration.probes.run_probes`` with :func:`cpu_probe_config`, the
+   plan ``advisor calibrate`` runs, plus the drafters predicted here and an 8-layer truncated copy): target decode
+   steps over B = 1..8 and prefill at B = 1 and 4; verify steps (k = 4) and speculative steps without drafts at
+   T = 0 and 0.8; n-gram and self-drafting (k = 4) whole cycles; their acceptance on ``calibration/prompts`` (six
+   structures × T = 0, 0.7, 1.0, 12 prompts × 128 tokens per cell). Fitted with :mod:`calibration.fit` into a
+   ``Calibration``; timed probes are redone while other processes load the CPUs (``calibration.contention``).
 2. **predict** -- :func:`advisor.costmodel.predict` for each held-out workload (``WORKLOADS``: user-style prompts
    written here, not from ``calibration/prompts``; structures, temperatures, k and concurrency the probes did not
    run), from the catalog specs (``CPU-2core``, ``smollm2-135m-instruct``) and that calibration only.
@@ -141,7 +142,7 @@ class WorkloadCase:
 
 def workloads(quick: bool = False) -> list[WorkloadCase]:
     """The held-out set: none of these prompts, and no (structure, T, k, B) combination, is in the probes
-    (probes: n-gram k = 4 at T = 0 / 0.7 / 1.0, batches of 8 prompts; self-drafting k = 4)."""
+    (probes: n-gram and self-drafting k = 4 at T = 0 / 0.7 / 1.0, batches of 12 prompts from calibration/prompts)."""
     rag = [f"Answer the question using only the guide below.\n\n{_DOC}Question: {q}" for q in _RAG_QUESTIONS]
     cases = [
         WorkloadCase("sql-b1", "sql", "ngram", 3, 0.0, 1, _SQL, rounds=5),
