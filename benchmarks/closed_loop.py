@@ -351,7 +351,7 @@ def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -
     from calibration.contention import wait_others_quiet
 
     # the 2 cores are shared: wait (bounded) until other processes leave them alone before an engine starts
-    plan["busy_before"] = wait_others_quiet(plan.get("max_wait_quiet_s", 600.0))
+    plan["busy_before"] = wait_others_quiet(plan.get("max_wait_quiet_s", 120.0), limit=0.2)
     plan_path = workdir / f"plan-{plan['label']}.json"
     plan_path.write_text(json.dumps(plan))
     env = cpu_engine_env(kv_cache_space_gib=kv_gib, preload=False)
@@ -540,7 +540,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="one round, 64 output tokens per workload")
     parser.add_argument("--max-median-error", type=float, default=MEDIAN_ERROR_TARGET)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--max-wait-quiet", type=float, default=600.0,
+    parser.add_argument("--max-wait-quiet", type=float, default=120.0,
                         help="seconds to wait for other CPU load to stop before each engine (shared machine)")
 
 
