@@ -405,8 +405,8 @@ class CalibrationRequestSchema(StrictSchema):
                                validate=validate.Length(min=1, max=8))
     batch_sizes = fields.List(fields.Integer(strict=True, validate=validate.Range(min=1, max=1024)),
                               load_default=[1, 2, 4, 8], validate=validate.Length(min=1, max=12))
-    prompts_per_structure = fields.Integer(load_default=4, strict=True, validate=validate.Range(min=1, max=200))
-    max_tokens = fields.Integer(load_default=64, strict=True, validate=validate.Range(min=2, max=4096))
+    prompts_per_structure = fields.Integer(load_default=12, strict=True, validate=validate.Range(min=1, max=200))
+    max_tokens = fields.Integer(load_default=128, strict=True, validate=validate.Range(min=2, max=4096))
     probes = fields.List(fields.String(validate=validate.OneOf(("timing", "prefill", "acceptance", "memory"))),
                          load_default=["timing", "prefill", "acceptance", "memory"])
     engine = FreeDict(load_default=dict, metadata={"description": "Extra vLLM engine arguments."})

@@ -1,10 +1,11 @@
 """Closed loop (issue 4): calibrate on our probe set, predict held-out workloads, measure them with vLLM, compare.
 
-1. **calibrate** -- probes built from ``calibration.probes`` on this machine: target decode / verify step times over
-   batch sizes (verify also at T > 0), prefill over prompt lengths, an 8-layer truncated copy's decode steps, a
-   never-drafting speculative engine's steps (T = 0 and T > 0), n-gram acceptance (k = 4) on our prompt sets at
-   T = 0, 0.7, 1.0, and the model drafting for itself (k = 4: cycle times and acceptance). Fitted with
-   :mod:`calibration.fit` into a ``Calibration``.
+1. **calibrate** -- the product's probe plan (``calibration.probes.run_probes`` with :func:`cpu_probe_config`, the
+   plan ``advisor calibrate`` runs, plus the drafters predicted here and an 8-layer truncated copy): target decode
+   steps over B = 1..8 and prefill at B = 1 and 4; verify steps (k = 4) and speculative steps without drafts at
+   T = 0 and 0.8; n-gram and self-drafting (k = 4) whole cycles; their acceptance on ``calibration/prompts`` (six
+   structures × T = 0, 0.7, 1.0, 12 prompts × 128 tokens per cell). Fitted with :mod:`calibration.fit` into a
+   ``Calibration``; timed probes are redone while other processes load the CPUs (``calibration.contention``).
 2. **predict** -- :func:`advisor.costmodel.predict` for each held-out workload (``WORKLOADS``: user-style prompts
    written here, not from ``calibration/prompts``; structures, temperatures, k and concurrency the probes did not
    run), from the catalog specs (``CPU-2core``, ``smollm2-135m-instruct``) and that calibration only.
@@ -141,7 +142,7 @@ class WorkloadCase:
 
 def workloads(quick: bool = False) -> list[WorkloadCase]:
     """The held-out set: none of these prompts, and no (structure, T, k, B) combination, is in the probes
-    (probes: n-gram k = 4 at T = 0 / 0.7 / 1.0, batches of 8 prompts; self-drafting k = 4)."""
+    (probes: n-gram and self-drafting k = 4 at T = 0 / 0.7 / 1.0, batches of 12 prompts from calibration/prompts)."""
     rag = [f"Answer the question using only the guide below.\n\n{_DOC}Question: {q}" for q in _RAG_QUESTIONS]
     cases = [
         WorkloadCase("sql-b1", "sql", "ngram", 3, 0.0, 1, _SQL, rounds=5),
@@ -203,6 +204,7 @@ class ClosedLoopResult:
     phase_s: dict[str, float]
     mode: str
     environment: dict = field(default_factory=dict)
+    calibration_split_s: dict[str, float] = field(default_factory=dict)  # engine starts and probes per engine
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -212,155 +214,52 @@ class ClosedLoopResult:
 
 
 # --------------------------------------------------------------------------------------------- engine phases
-def _engine_settings(model: str, compiled: bool, kv_gib: int) -> dict:
-    """The engine settings of every engine here (calibration and measurement alike)."""
-    from calibration.probes import ProbeConfig
-
-    cfg = ProbeConfig(model=model, enforce_eager=not compiled, kv_cache_space_gib=kv_gib, max_num_seqs=16,
-                      max_model_len=2048)
-    return cfg.engine_settings(model)
-
-
 TRUNCATED_LAYERS = 8  # a copy with the first 8 of 30 layers: separates per-step from per-forward overhead
-SAMPLED_T = 0.8  # verify / cycle timing with sampling: rejection sampling cost at T > 0
 
 
-class NoDraftProposer:
-    """A speculative engine's proposer that never drafts (vLLM ``custom_class``): its steps are plain decode steps
-    run through the speculative path (rejection sampler, spec metadata), timed at T > 0 to split the sampling cost
-    into a per-sequence and a per-draft-position part."""
+def cpu_probe_config(model: str | None, compiled: bool = False, kv_gib: int = 2):
+    """The CPU closed loop's probe plan: the product's ``ProbeConfig`` (``calibration.probes.plan_engines``) with
+    the drafters this loop predicts (n-gram and the model drafting for itself, both at k = ``CALIBRATION_K``) and a
+    truncated copy (per-step vs per-layer overhead); everything else is the plan's CPU default (verify widths,
+    no-draft steps at T = 0 and at the sampled temperature, 12 prompts × 128 tokens per acceptance cell, contention
+    guard). The measurement engines use the same engine settings."""
+    from calibration.probes import DrafterSpec, ProbeConfig
 
-    def __init__(self, vllm_config) -> None:
-        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
-
-    def propose(self, sampled_token_ids, *args, **kwargs):
-        return [[] for _ in sampled_token_ids]
-
-    def load_model(self, *args, **kwargs) -> None:
-        pass
-
-
-NODRAFT_QUALNAME = "benchmarks.closed_loop.NoDraftProposer"
-
-
-def measure_step_time_at(llm, label: str, batch_size: int, q: int, temperature: float, cfg, engine: dict, env: dict,
-                         rng):
-    """``calibration.probes.measure_step_time`` at a temperature: (wall(N + 1 tokens) − wall(1 token)) / decode
-    steps (cycles, when drafts are accepted), median over repeats."""
-    from vllm import SamplingParams
-
-    from calibration.probes import StepTiming, _random_prompts, _timed_generate, read_spec_counters
-
-    n = cfg.decode_tokens
-    one = SamplingParams(temperature=temperature, max_tokens=1, ignore_eos=True, seed=cfg.seed)
-    many = SamplingParams(temperature=temperature, max_tokens=n + 1, ignore_eos=True, seed=cfg.seed)
-    llm.generate(_random_prompts(batch_size, cfg.context_len, rng), many, use_tqdm=False)  # warm-up
-    samples, steps_seen, accepted = [], [], 0
-    for _ in range(max(1, cfg.repeats)):
-        t1, _ = _timed_generate(llm, _random_prompts(batch_size, cfg.context_len, rng), one)
-        before = read_spec_counters(llm) if q > 1 else None
-        tn, outs = _timed_generate(llm, _random_prompts(batch_size, cfg.context_len, rng), many)
-        acc = (read_spec_counters(llm) - before).num_accepted_tokens if before is not None else 0
-        accepted += acc
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs) / batch_size
-        steps = max(1.0, tokens - 1 - acc / batch_size)
-        steps_seen.append(steps)
-        samples.append((tn - t1) / steps)
-    return StepTiming(probe="step_time", label=label, batch_size=batch_size, q=q, context_len=cfg.context_len,
-                      steps=statistics.median(steps_seen), step_s=statistics.median(samples),
-                      step_s_samples=[round(x, 6) for x in samples], accepted_tokens=accepted, engine=engine,
-                      environment=env)
+    return ProbeConfig(model=model, enforce_eager=not compiled, kv_cache_space_gib=kv_gib,
+                       truncated_layers=TRUNCATED_LAYERS,
+                       drafters=(DrafterSpec("ngram", CALIBRATION_K),
+                                 DrafterSpec("draft_model", CALIBRATION_K, model="self")))
 
 
 def _calibrate_phase(plan: dict, out: Path) -> int:
-    """The probe set (child process, vLLM), one engine at a time; every record appended to ``out`` (JSON lines).
-
-    target: decode steps at B = 1, 2, 4, 8 and prefill at 64 / 256 / 1024 tokens; verify-k4: verify steps
-    (q = 5, free always-rejected proposer) at the same B, and at T = 0.8 for B = 1, 4, 8; truncated-8l: decode steps
-    of an 8-layer copy (per-step vs per-forward overhead); nodraft-k4: steps of a speculative engine that never
-    drafts at T = 0 and 0.8 (sampling cost per sequence vs per draft position); ngram-k4: acceptance on our six
-    prompt sets at T = 0, 0.7, 1.0; self-k4: the model drafting for itself -- whole-cycle times at B = 1, 4 (and 4 at
-    T = 0.8) and acceptance on three prompt sets at T = 0, 1. Timed probes are redone when other processes load the
-    CPUs (``guarded``).
-    """
-    from calibration.models import make_truncated_copy
-    from calibration.probes import (DrafterSpec, ProbeConfig, environment_info, load_prompts, measure_acceptance,
-                                    measure_memory, measure_prefill, start_engine, stop_engine)
-    from calibration.proposers import QUALNAME
+    """Child process: ``calibration.probes.run_probes`` with :func:`cpu_probe_config`; records as JSON lines."""
+    from calibration.probes import ProbeRunError, run_probes
     from calibration.runner import to_record
 
-    import random
+    cfg = cpu_probe_config(plan["model"], plan["compiled"], plan["kv_gib"])
+    splits: dict[str, float] = {}
+    last = [time.perf_counter()]
 
-    model = plan["model"]
-    cfg = ProbeConfig(model=model, enforce_eager=not plan["compiled"], kv_cache_space_gib=plan["kv_gib"],
-                      max_num_seqs=16, max_model_len=2048, decode_tokens=32, context_len=64, repeats=2,
-                      prompts_per_probe=12, max_tokens=96)
-    self_cfg = dataclasses.replace(cfg, decode_tokens=64, prompts_per_probe=2, max_tokens=48)
-    env = environment_info()
-    trunc = str(make_truncated_copy(model, TRUNCATED_LAYERS, Path(model).parent / f"{Path(model).name}-"
-                                                                                  f"{TRUNCATED_LAYERS}l"))
-    ngram, self_draft = DrafterSpec("ngram", CALIBRATION_K), DrafterSpec("draft_model", CALIBRATION_K, model="self")
-    prompts = load_prompts()
-    k = CALIBRATION_K
-    engines = [
-        ("target", model, None, [("step", b, 1) for b in (1, 2, 4, 8)] + [("prefill", n) for n in (64, 256, 1024)]),
-        ("verify-k4", model, {"method": "custom_class", "model": QUALNAME, "num_speculative_tokens": k},
-         [("step", b, k + 1) for b in (1, 2, 4, 8)] + [("step", b, k + 1, SAMPLED_T) for b in (1, 4, 8)]),
-        (f"truncated-{TRUNCATED_LAYERS}l", trunc, None, [("step", b, 1) for b in (1, 4)]),
-        ("nodraft-k4", model, {"method": "custom_class", "model": NODRAFT_QUALNAME, "num_speculative_tokens": k},
-         [("step", b, 1, t) for t in (0.0, SAMPLED_T) for b in (1, 8)]),
-        ("ngram-k4", model, ngram.speculative_config(model),
-         [("accept", s, t) for s in ("code", "json", "sql", "prose", "creative", "rag") for t in (0.0, 0.7, 1.0)]),
-        ("self-k4", model, self_draft.speculative_config(model),
-         [("cycle", b, k + 1) for b in (1, 4)] + [("cycle", 4, k + 1, SAMPLED_T)]
-         + [("accept", s, t) for s in ("code", "prose", "json") for t in (0.0, 1.0)]),
-    ]
-    rng = random.Random(0)
-    total = sum(1 + len(tasks) for *_, tasks in engines)
-    done = 0
+    def progress(done: int, total: int, msg: str) -> None:
+        now = time.perf_counter()
+        key = "engine start" if "started in" in msg else msg.split(":")[0]
+        splits[key] = splits.get(key, 0.0) + (now - last[0])
+        last[0] = now
+        print(f"[calibrate {done}/{total}] {msg}", file=sys.stderr, flush=True)
+
+    status = 0
     with out.open("a") as f:
         def emit(m: Any) -> None:
             f.write(json.dumps(to_record(m)) + "\n")
             f.flush()
 
-        for label, path, spec, tasks in engines:
-            settings = cfg.engine_settings(path)
-            engine = dict(settings, label=label, speculative_config=spec)
-            llm, startup = start_engine(settings, spec)
-            try:
-                emit(measure_memory(llm, label, startup, spec is not None, engine, env))
-                done += 1
-                print(f"[calibrate {done}/{total}] {label}: started in {startup:.1f} s", file=sys.stderr, flush=True)
-                for task in tasks:
-                    others = None
-                    if task[0] in ("step", "cycle"):
-                        c = self_cfg if task[0] == "cycle" else cfg
-                        temp = task[3] if len(task) > 3 else 0.0
-                        m, others = guarded(lambda: measure_step_time_at(llm, label, task[1], task[2], temp, c,
-                                                                         engine, env, rng), label)
-                        msg = f"B={task[1]} q={task[2]} T={temp:g} {1e3 * m.step_s:.1f} ms"
-                    elif task[0] == "prefill":
-                        m, others = guarded(lambda: measure_prefill(llm, label, task[1], cfg, engine, env, rng), label)
-                        msg = f"prefill {task[1]}: {1e3 * m.prefill_s:.0f} ms"
-                    else:
-                        drafter = ngram if label.startswith("ngram") else self_draft
-                        c = cfg if drafter is ngram else self_cfg
-                        m = measure_acceptance(llm, drafter, task[1], task[2], prompts[task[1]][:c.prompts_per_probe],
-                                               c, engine, env)
-                        msg = f"{task[1]} T={task[2]} AL {m.acceptance_length or 0:.2f}"
-                    rec = to_record(m)
-                    if task[0] in ("step", "cycle"):
-                        rec["values"]["temperature"] = task[3] if len(task) > 3 else 0.0
-                    if others is not None:
-                        rec["values"]["others_cpu"] = round(others, 4)
-                        msg += f" (others {100 * others:.0f} %)"
-                    f.write(json.dumps(rec) + "\n")
-                    f.flush()
-                    done += 1
-                    print(f"[calibrate {done}/{total}] {label}: {msg}", file=sys.stderr, flush=True)
-            finally:
-                stop_engine(llm)
-    return 0
+        try:
+            run_probes(cfg, progress=progress, on_measurement=emit)
+        except ProbeRunError as exc:
+            print(f"calibration failed: {exc}", file=sys.stderr, flush=True)
+            status = 1
+    Path(plan["split_out"]).write_text(json.dumps({k: round(v, 1) for k, v in splits.items()}) + "\n")
+    return status
 
 
 def _measure_phase(plan: dict, out: Path) -> int:
@@ -369,7 +268,10 @@ def _measure_phase(plan: dict, out: Path) -> int:
 
     from calibration.probes import format_prompts, read_spec_counters, start_engine, stop_engine
 
-    settings = _engine_settings(plan["model"], plan["compiled"], plan["kv_gib"])
+    from calibration.contention import guarded
+
+    settings = cpu_probe_config(plan["model"], plan["compiled"], plan["kv_gib"]).resolved(on_gpu=False) \
+        .engine_settings(plan["model"])
     llm, startup = start_engine(settings, plan.get("speculative_config"))
     try:
         # warm-up: allocations, the n-gram proposer's numba JIT, every batch size used below
@@ -443,43 +345,13 @@ def default_vllm_python() -> str:
     return sys.executable
 
 
-def cpu_busy_fraction(interval_s: float = 2.0) -> float:
-    """Fraction of all CPUs busy over ``interval_s`` (from /proc/stat); 0 where /proc is missing."""
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return idle, sum(fields)
-
-    try:
-        i0, t0 = sample()
-        time.sleep(interval_s)
-        i1, t1 = sample()
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return 1.0 - (i1 - i0) / max(t1 - t0, 1)
-
-
-def wait_for_quiet(max_wait_s: float, threshold: float = 0.2) -> float:
-    """Before an engine starts: wait (up to ``max_wait_s``) until other processes use < ``threshold`` of the CPUs
-    (the 2 cores are shared: a concurrent job skews every timing). Returns the last busy fraction seen."""
-    deadline = time.monotonic() + max_wait_s
-    busy = cpu_busy_fraction()
-    announced = False
-    while busy >= threshold and time.monotonic() < deadline:
-        if not announced:
-            print(f"waiting for the CPUs to be idle (others use {100 * busy:.0f} %)", file=sys.stderr, flush=True)
-            announced = True
-        time.sleep(5.0)
-        busy = cpu_busy_fraction()
-    if busy >= threshold:
-        print(f"warning: starting while others use {100 * busy:.0f} % of the CPUs", file=sys.stderr, flush=True)
-    return busy
-
-
 def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -> int:
     from calibration.vllm_cpu.env import cpu_engine_env, find_iomp, find_tcmalloc
 
-    plan["busy_before"] = wait_for_quiet(plan.get("max_wait_quiet_s", 600.0))
+    from calibration.contention import wait_others_quiet
+
+    # the 2 cores are shared: wait (bounded) until other processes leave them alone before an engine starts
+    plan["busy_before"] = wait_others_quiet(plan.get("max_wait_quiet_s", 120.0), limit=0.2)
     plan_path = workdir / f"plan-{plan['label']}.json"
     plan_path.write_text(json.dumps(plan))
     env = cpu_engine_env(kv_cache_space_gib=kv_gib, preload=False)
@@ -668,7 +540,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="one round, 64 output tokens per workload")
     parser.add_argument("--max-median-error", type=float, default=MEDIAN_ERROR_TARGET)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--max-wait-quiet", type=float, default=600.0,
+    parser.add_argument("--max-wait-quiet", type=float, default=120.0,
                         help="seconds to wait for other CPU load to stop before each engine (shared machine)")
 
 
@@ -696,13 +568,16 @@ def main(args: argparse.Namespace) -> int:
         records_path = workdir / "calibration-records.jsonl"
         records_path.write_text("")
         plan = {"phase": "calibrate", "label": "calibrate", "model": model, "compiled": args.compiled,
-                "kv_gib": args.kv_cache_space_gib, "out": str(records_path), "max_wait_quiet_s": args.max_wait_quiet}
+                "kv_gib": args.kv_cache_space_gib, "out": str(records_path), "max_wait_quiet_s": args.max_wait_quiet,
+                "split_out": str(workdir / "calibration-split.json")}
         rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log)
         if rc != 0:
             print(f"calibration failed (exit {rc}); see {log}", file=sys.stderr)
             return 2
     records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
     phase_s["calibrate"] = time.perf_counter() - t
+    split_path = workdir / "calibration-split.json"
+    calibration_split = json.loads(split_path.read_text()) if split_path.exists() else {}
 
     # 2. measure (baseline + one engine per speculative setting)
     t = time.perf_counter()
@@ -739,7 +614,8 @@ def main(args: argparse.Namespace) -> int:
     med = median_abs_error(results)
     out = ClosedLoopResult(results, fits, summary(fits), med, time.perf_counter() - t_start, phase_s,
                            "compiled" if args.compiled else "eager",
-                           {"workdir": str(workdir), "vllm_python": python, "model": model})
+                           {"workdir": str(workdir), "vllm_python": python, "model": model},
+                           calibration_split)
     if args.output:
         Path(args.output).write_text(json.dumps(out.to_dict(), indent=2) + "\n")
     if args.json:
@@ -751,11 +627,14 @@ def main(args: argparse.Namespace) -> int:
         print()
         wins = sum(1 for r in results if r.measured_speedup > 1)
         signs = sum(1 for r in results if (r.predicted_speedup > 1) == (r.measured_speedup > 1))
+        covered = sum(1 for r in results if r.predicted_low <= r.measured_speedup <= r.predicted_high)
         print(f"median |speedup error| {100 * med:.1f} % over {len(results)} workloads "
               f"(target ≤ {100 * args.max_median_error:.0f} %); measured wins {wins}, losses {len(results) - wins}; "
-              f"sign right {signs}/{len(results)}")
+              f"sign right {signs}/{len(results)}; interval covers {covered}/{len(results)}")
         print("runtime " + ", ".join(f"{k} {v:.0f} s" for k, v in phase_s.items())
               + f"; total {out.runtime_s:.0f} s; raw data in {workdir}")
+        if calibration_split:
+            print("calibration split " + ", ".join(f"{k} {v:.0f} s" for k, v in calibration_split.items()))
     if len(results) < len(cases):
         return 1
     return 0 if med <= args.max_median_error else 1

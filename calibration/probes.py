@@ -1015,8 +1015,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default="1,2,4,8")
     p.add_argument("--verify-ks", default="4")
     p.add_argument("--prompt-lengths", default="64,256,1024")
-    p.add_argument("--prompts-per-probe", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--prompts-per-probe", type=int, default=ProbeConfig.prompts_per_probe)
+    p.add_argument("--max-tokens", type=int, default=ProbeConfig.max_tokens)
     p.add_argument("--prompts-file", default=None)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--compiled", action="store_true", default=None,

@@ -64,8 +64,9 @@ def probe_config(request: dict[str, Any]) -> ProbeConfig:
         structures=tuple(request.get("structures") or ProbeConfig.structures),
         temperatures=tuple(request.get("temperatures") or ProbeConfig.temperatures),
         batch_sizes=tuple(request.get("batch_sizes") or ProbeConfig.batch_sizes),
-        verify_ks=(k,), prompts_per_probe=int(request.get("prompts_per_structure", 4)),
-        max_tokens=int(request.get("max_tokens", 64)),
+        verify_ks=tuple(sorted({k, *ProbeConfig.verify_ks})),
+        prompts_per_probe=int(request.get("prompts_per_structure", ProbeConfig.prompts_per_probe)),
+        max_tokens=int(request.get("max_tokens", ProbeConfig.max_tokens)),
     )
     unknown = sorted(set(request.get("engine") or {}) - PROBE_CONFIG_FIELDS)
     if unknown:

@@ -1,0 +1,35 @@
+"""The CPU closed loop validates the product's probe plan on prompts the calibration has not seen."""
+from benchmarks import closed_loop
+from calibration.probes import load_prompts, plan_engines
+from calibration.runner import probe_config
+
+
+def _plan():
+    cfg = closed_loop.cpu_probe_config("/models/smollm2").resolved(on_gpu=False)
+    return cfg, plan_engines(cfg, load_prompts())
+
+
+def test_closed_loop_runs_the_product_plan_with_its_extra_engines():
+    cfg, plan = _plan()
+    labels = [e.label for e in plan]
+    assert labels == ["target", "verify-k4", "truncated-8l", "ngram-k4", "draft_model-self-k4"]
+    verify = plan[1].tasks
+    # speculative steps without drafts (width 0) and verify steps, greedy and sampled
+    assert {(w, t) for _, _, w, t in verify} == {(0, 0.0), (4, 0.0), (0, 0.8), (4, 0.8)}
+    self_cycles = [t for t in plan[4].tasks if t[0] == "cycle"]
+    assert ("cycle", 4, 0.8) in self_cycles and len(self_cycles) == 5
+    assert cfg.guard_contention and cfg.enforce_eager
+    # advisor calibrate's defaults are the same acceptance cells
+    user = probe_config({"target_model": "smollm2-135m-instruct"})
+    assert (user.prompts_per_probe, user.max_tokens, user.verify_ks, user.sampled_temperature) == \
+        (cfg.prompts_per_probe, cfg.max_tokens, cfg.verify_ks, cfg.sampled_temperature) == (12, 128, (4,), 0.8)
+
+
+def test_held_out_workloads_share_no_prompt_with_the_calibration():
+    _, plan = _plan()
+    probed = {p for item in plan for task in item.tasks if task[0] == "accept"
+              for p in load_prompts()[task[1]][:12]}
+    assert len(probed) >= 6 * 12
+    for case in closed_loop.workloads():
+        for prompt in case.prompts:
+            assert not any(prompt[:80] in p or p[:80] in prompt for p in probed), (case.name, prompt[:40])
