@@ -15,6 +15,7 @@ from markupsafe import Markup
 
 from . import plots
 from .calibration_data import ProbePlot, probe_plots, residuals_by_fit, rms
+from .calibration_findings import findings, prefill_series, step_series
 from .formatting import MISSING, dig, flatten, fmt, is_number, pairs_text, path_parts, percent, shorten
 
 DECISIONS = {"go": "GO", "no-go": "NO-GO", "calibrate": "CALIBRATE"}
@@ -303,6 +304,16 @@ RUN_DETAILS = ("hardware", "target_model", "method", "draft_model", "progress", 
 def _fit_plots(run_id: Any, measurements: list[dict[str, Any]],
                fits: list[dict[str, Any]]) -> list[tuple[ProbePlot, Markup]]:
     result = []
+    for probe, x_key, y_key, series in (
+        ("step_time", "batch size", "step or cycle time (ms)", step_series(measurements)),
+        ("prefill", "prompt length (tokens)", "prefill time (ms)", prefill_series(measurements)),
+    ):
+        if series:
+            title = f"{probe}: {y_key} over {x_key}"
+            svg = plots.calibration_fit_svg(title, x_key, y_key, series, salt=f"cal{run_id}-{probe}")
+            result.append((ProbePlot(probe, x_key, y_key, series, False), Markup(svg)))
+    if result:  # the run's records are in the probe-runner shape; the generic fallback below would repeat them
+        return result
     for index, p in enumerate(probe_plots(measurements, fits)):
         title = f"{p.probe}: {p.y_key} over {p.x_key}"
         svg = plots.calibration_fit_svg(title, p.x_key, p.y_key, p.series, salt=f"cal{run_id}-{index}")
@@ -339,4 +350,5 @@ def calibration_page(run: dict[str, Any]) -> str:
         config=[(p, fmt(v)) for p, v in flatten(run.get("config") or {})],
         measurements=_measurement_rows(measurements), fits=_fit_rows(fits, residuals),
         fit_plots=_fit_plots(run_id, measurements, fits), residuals_svg=residuals_plot,
+        findings=findings(measurements),
     )

@@ -161,3 +161,18 @@ def test_report_of_an_open_loop_workload(client):
     answer = post(client, scenario)
     html = get_html(client, f"/v1/recommendations/{answer['id']}/report")
     assert svg_count(html) == 4 and "<code>workload.requests_per_second</code>" in html
+
+
+def test_calibration_report_of_the_h200_run(app, client):
+    from tests.reports.test_calibration_findings import h200_measurements
+
+    run_id = _calibration_run(app, measurements=h200_measurements(), fits=[])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    assert "No numeric measurements to plot yet" not in html
+    found = html.split('<ul id="findings">')[1].split("</ul>")[0]
+    assert "A verify step at k=5 (q=6) costs 1.35× a decode step at B=8 (7.07 ms vs 5.24 ms)." in found
+    assert "One ngram cycle (k=3) at B=1 takes 6.33 ms, 1.28× a decode step" in found
+    assert "tokens per engine step grew 241× from B=1 to B=256" in found
+    plots_html = html.split('id="fit-plots"')[1].split("</div>")[0]
+    assert svg_count(plots_html) == 2  # step/cycle time over batch, prefill over prompt length
+    assert "verify k=3 (q=4)" in plots_html and "prompt length (tokens)" in plots_html

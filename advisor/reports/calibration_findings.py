@@ -1,0 +1,175 @@
+"""What a calibration run found, in words and in plots, from its stored measurement records.
+
+Records are ``{"probe", "params": {"engine": {label, speculative_config, ...}}, "values": {...}}`` as
+``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"), ``batch_size``, ``q``,
+``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values ``prompt_len``,
+``batch_size``, ``prefill_s``; memory values ``kv_cache_tokens``. A later record of the same cell replaces an
+earlier one (a redo of part of the plan appends its records).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from .formatting import is_number
+from .plots import Series
+
+
+@dataclass(frozen=True)
+class Record:
+    probe: str
+    label: str
+    method: str | None  # None: the plain target engine
+    k: int | None
+    values: dict[str, Any]
+
+
+def records(measurements: list[dict[str, Any]]) -> list[Record]:
+    result = []
+    for m in measurements:
+        if not isinstance(m, dict) or not isinstance(m.get("values"), dict):
+            continue
+        engine = (m.get("params") or {}).get("engine") or {}
+        spec = engine.get("speculative_config") or {}
+        values = m["values"]
+        label = str(engine.get("label") or values.get("label") or "target")
+        k = spec.get("num_speculative_tokens")
+        result.append(Record(str(m.get("probe")), label, spec.get("method"), k if isinstance(k, int) else None, values))
+    return result
+
+
+def _engine_role(r: Record) -> str:
+    if r.method is None:
+        return "decode"
+    if r.method == "custom_class" or r.label.startswith("verify"):
+        return "verify"
+    return str(r.method)
+
+
+def _step_cells(recs: list[Record]) -> dict[tuple[str, str, int, float, int], float]:
+    """(role, kind, q, temperature, batch) -> step/cycle seconds; later records win."""
+    cells: dict[tuple[str, str, int, float, int], float] = {}
+    for r in recs:
+        v = r.values
+        if r.probe != "step_time" or not all(is_number(v.get(x)) for x in ("batch_size", "q", "step_s")):
+            continue
+        key = (_engine_role(r), str(v.get("kind") or "step"), int(v["q"]), float(v.get("temperature") or 0.0),
+               int(v["batch_size"]))
+        cells[key] = float(v["step_s"])
+    return cells
+
+
+def _series_name(role: str, kind: str, q: int, temperature: float) -> str:
+    if role == "decode":
+        name = "decode (q=1)"
+    elif role == "verify":
+        name = "spec step, no drafts (q=1)" if q == 1 else f"verify k={q - 1} (q={q})"
+    else:
+        name = f"{role} cycle (k={q - 1})"
+    return name + (f", T={temperature:g}" if temperature else "")
+
+
+def step_series(measurements: list[dict[str, Any]]) -> list[Series]:
+    """Step (or whole-cycle) time in ms over batch size, one series per engine role, q and temperature."""
+    by_name: dict[str, Series] = {}
+    for (role, kind, q, temperature, batch), seconds in sorted(_step_cells(records(measurements)).items()):
+        s = by_name.setdefault(_series_name(role, kind, q, temperature), Series(_series_name(role, kind, q, temperature)))
+        s.x.append(float(batch))
+        s.measured.append(seconds * 1e3)
+        s.fitted.append(None)
+    return list(by_name.values())
+
+
+def _prefill_cells(recs: list[Record]) -> dict[tuple[int, int], float]:
+    """(batch, prompt_len) -> prefill seconds of the target engine; later records win."""
+    cells = {}
+    for r in recs:
+        v = r.values
+        if r.probe == "prefill" and all(is_number(v.get(x)) for x in ("prompt_len", "prefill_s")):
+            cells[(int(v.get("batch_size") or 1), int(v["prompt_len"]))] = float(v["prefill_s"])
+    return cells
+
+
+def prefill_series(measurements: list[dict[str, Any]]) -> list[Series]:
+    by_batch: dict[int, Series] = {}
+    for (batch, length), seconds in sorted(_prefill_cells(records(measurements)).items()):
+        s = by_batch.setdefault(batch, Series(f"B={batch}"))
+        s.x.append(float(length))
+        s.measured.append(seconds * 1e3)
+        s.fitted.append(None)
+    return list(by_batch.values())
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def findings(measurements: list[dict[str, Any]]) -> list[str]:
+    """Plain sentences: what the run measured, relative to a plain decode step of the same batch."""
+    recs = records(measurements)
+    cells = _step_cells(recs)
+    decode = {b: s for (role, kind, q, t, b), s in cells.items() if role == "decode" and q == 1 and t == 0.0}
+    out: list[str] = []
+    # verify steps at each k, at the largest batch <= 8 that has both a decode and the verify step
+    for (role, kind, q, t, b), s in sorted(cells.items()):
+        if role == "verify" and q > 1 and t == 0.0 and b in decode and b == _pick_batch(cells, role, q, decode):
+            out.append(f"A verify step at k={q - 1} (q={q}) costs {s / decode[b]:.2f}× a decode step at B={b} "
+                       f"({_ms(s)} vs {_ms(decode[b])}).")
+    for (role, kind, q, t, b), s in sorted(cells.items()):
+        if role == "verify" and q == 1 and t == 0.0 and b == 1 and b in decode:
+            out.append(f"A speculative step without drafts costs {(s - decode[b]) * 1e3:.2f} ms more than a plain "
+                       f"decode step at B=1 ({_ms(s)} vs {_ms(decode[b])}): the speculative engine's fixed overhead "
+                       "(async scheduling off).")
+    for (role, kind, q, t, b), s in sorted(cells.items()):
+        if kind == "cycle" and t == 0.0 and b == 1 and b in decode:
+            what = "draft-model" if role == "draft_model" else role.replace("_", " ")
+            ratio = s / decode[b]
+            verdict = (f"it cannot pay off at B=1, since a cycle yields at most {q} tokens" if ratio >= q
+                       else f"it pays off only if it yields more than {ratio:.2f} tokens per sequence")
+            out.append(f"One {what} cycle (k={q - 1}) at B=1 takes {_ms(s)}, {ratio:.2f}× a decode step; {verdict}.")
+    prefill = _prefill_cells(recs)
+    if prefill:
+        (batch, length), seconds = max(prefill.items(), key=lambda kv: kv[0][0] * kv[0][1] / kv[1])
+        out.append(f"Prefill runs at up to {batch * length / seconds:,.0f} tokens/s "
+                   f"(B={batch} × {length} tokens in {_ms(seconds)}).")
+    kv = {}
+    for r in recs:
+        if r.probe == "memory" and is_number(r.values.get("kv_cache_tokens")):
+            kv[_engine_role(r)] = int(r.values["kv_cache_tokens"])
+    if "decode" in kv:
+        for role, tokens in kv.items():
+            if role not in ("decode", "verify"):
+                out.append(f"KV cache: {tokens:,} tokens with the {role.replace('_', ' ')} engine vs "
+                           f"{kv['decode']:,} without a drafter ({(tokens / kv['decode'] - 1) * 100:+.1f} %).")
+    spreads = [float(r.values["relative_spread"]) for r in recs
+               if r.probe in ("step_time", "prefill") and is_number(r.values.get("relative_spread"))]
+    if spreads:
+        out.append(f"Repeats agreed to a median relative spread of {statistics.median(spreads) * 100:.1f} % "
+                   f"(worst {max(spreads) * 100:.0f} %, over {len(spreads)} timed cells).")
+    out.extend(_co_scheduling(recs))
+    return out
+
+
+def _pick_batch(cells: dict, role: str, q: int, decode: dict[int, float]) -> int | None:
+    batches = [b for (r, _, qq, t, b) in cells if r == role and qq == q and t == 0.0 and b in decode]
+    small = [b for b in batches if b <= 8]
+    return max(small) if small else (min(batches) if batches else None)
+
+
+def _co_scheduling(recs: list[Record]) -> list[str]:
+    """Tokens per engine step should grow ∝ B when a batch is really co-scheduled."""
+    per_b: dict[int, float] = {}
+    for r in recs:
+        v = r.values
+        if (r.probe == "step_time" and _engine_role(r) == "decode" and v.get("q") == 1
+                and all(is_number(v.get(x)) for x in ("batch_size", "tokens_per_engine_step"))):
+            per_b[int(v["batch_size"])] = float(v["tokens_per_engine_step"])
+    if len(per_b) < 2:
+        return []
+    lo, hi = min(per_b), max(per_b)
+    growth = per_b[hi] / per_b[lo]
+    ok = growth >= 0.9 * hi / lo
+    return [f"Batches were {'co-scheduled' if ok else 'NOT fully co-scheduled'}: tokens per engine step grew "
+            f"{growth:.0f}× from B={lo} to B={hi} (ideal {hi / lo:.0f}×)."]

@@ -1,0 +1,57 @@
+"""The calibration page's sentence builder and plot series, on the H200 × vLLM 0.24 run's stored records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from advisor.reports.calibration_findings import findings, prefill_series, step_series
+
+H200_RECORDS = Path(__file__).parent / "data" / "h200-calibration.jsonl"  # benchmarks/data/h200-vllm0.24, nested configs dropped
+
+
+def h200_measurements() -> list[dict]:
+    return [json.loads(line) for line in H200_RECORDS.read_text().splitlines()]
+
+
+def test_findings_of_the_h200_run():
+    sentences = findings(h200_measurements())
+    assert sentences[:2] == [
+        "A verify step at k=3 (q=4) costs 1.44× a decode step at B=8 (7.57 ms vs 5.24 ms).",
+        "A verify step at k=5 (q=6) costs 1.35× a decode step at B=8 (7.07 ms vs 5.24 ms).",
+    ]
+    assert sentences[2].startswith("A speculative step without drafts costs 2.12 ms more than a plain decode step")
+    # the redo's records replace the first run's (24.81 ms, not 35.05 ms)
+    assert sentences[3].startswith("One draft-model cycle (k=3) at B=1 takes 24.81 ms, 5.03× a decode step; "
+                                   "it cannot pay off at B=1")
+    assert sentences[4].startswith("One ngram cycle (k=3) at B=1 takes 6.33 ms, 1.28× a decode step; it pays off only")
+    assert "Prefill runs at up to 41,999 tokens/s (B=4 × 2048 tokens in 195.05 ms)." in sentences
+    assert "KV cache: 701,152 tokens with the draft model engine vs 914,304 without a drafter (-23.3 %)." in sentences
+    assert any(s.startswith("Repeats agreed to a median relative spread of 4.2 %") for s in sentences)
+    assert sentences[-1] == ("Batches were co-scheduled: tokens per engine step grew 241× from B=1 to B=256 "
+                             "(ideal 256×).")
+
+
+def test_batches_not_co_scheduled_are_called_out():
+    def step(batch: int, tokens: float) -> dict:
+        return {"probe": "step_time", "params": {"engine": {"label": "target", "speculative_config": None}},
+                "values": {"kind": "step", "batch_size": batch, "q": 1, "step_s": 0.01,
+                           "tokens_per_engine_step": tokens}}
+
+    assert findings([step(1, 5.0), step(64, 40.0)]) == [
+        "Batches were NOT fully co-scheduled: tokens per engine step grew 8× from B=1 to B=64 (ideal 64×)."
+    ]
+
+
+def test_nothing_to_say_about_unknown_records():
+    assert findings([{"probe": "timing", "params": {"batch_size": 1}, "values": {"step_time_ms": 5}}]) == []
+
+
+def test_series_per_engine_role_q_and_temperature():
+    series = {s.label: s for s in step_series(h200_measurements())}
+    assert series["decode (q=1)"].x == [1, 8, 64, 256]
+    assert round(series["decode (q=1)"].measured[-1], 2) == 11.06
+    assert series["verify k=5 (q=6), T=0.8"].x == [1, 64, 256]
+    assert {"spec step, no drafts (q=1)", "draft_model cycle (k=3)", "ngram cycle (k=3)"} <= set(series)
+    prefill = {s.label: s for s in prefill_series(h200_measurements())}
+    assert prefill["B=1"].x == [512, 2048, 8192] and prefill["B=4"].x == [512, 2048]
