@@ -173,3 +173,28 @@ def _co_scheduling(recs: list[Record]) -> list[str]:
     ok = growth >= 0.9 * hi / lo
     return [f"Batches were {'co-scheduled' if ok else 'NOT fully co-scheduled'}: tokens per engine step grew "
             f"{growth:.0f}× from B={lo} to B={hi} (ideal {hi / lo:.0f}×)."]
+
+
+def _with_unit(name: str, value: Any) -> str:
+    if isinstance(value, bool) or not is_number(value):
+        if isinstance(value, (list, tuple)) and all(is_number(v) for v in value):
+            return ", ".join(f"{float(v):.3g}" for v in value)
+        return "—" if value is None else str(value)
+    v = float(value)
+    if name.endswith("_per_s"):
+        return f"{v / 1e9:,.3g} G/s" if abs(v) >= 1e6 else f"{v:,.3g} /s"
+    if name.endswith("_s"):
+        return f"{v * 1e6:,.1f} µs" if abs(v) < 1e-3 else f"{v * 1e3:,.3f} ms"
+    if name.endswith("_bytes"):
+        return f"{v / 2**30:,.3f} GiB"
+    if "efficiency" in name or name.endswith(("_fraction", "_probability")):
+        return f"{v * 100:.1f} %"
+    return f"{v:.4g}"
+
+
+def fit_param_rows(params: Any) -> list[tuple[str, str]]:
+    """A fit's parameters as (name, value with its unit): seconds in ms/µs, rates in G/s, fractions in %."""
+    if not isinstance(params, dict):
+        return []
+    return [(str(name), _with_unit(str(name), value)) for name, value in params.items()
+            if not isinstance(value, dict)]

@@ -15,7 +15,7 @@ from markupsafe import Markup
 
 from . import plots
 from .calibration_data import ProbePlot, probe_plots, residuals_by_fit, rms
-from .calibration_findings import findings, prefill_series, step_series
+from .calibration_findings import findings, fit_param_rows, prefill_series, step_series
 from .formatting import MISSING, dig, flatten, fmt, is_number, pairs_text, path_parts, percent, shorten
 
 DECISIONS = {"go": "GO", "no-go": "NO-GO", "calibrate": "CALIBRATE"}
@@ -326,7 +326,7 @@ def _fit_rows(fits: list[dict[str, Any]], residuals: dict[str, list[float]]) -> 
     for f in fits:
         values = residuals.get(f"{f.get('kind')}: {f.get('key')}", [])
         rows.append({"kind": fmt(f.get("kind")), "key": fmt(f.get("key")),
-                     "params_text": pairs_text(f.get("params")), "n": len(values), "rms": fmt(rms(values))})
+                     "params_text": pairs_text(f.get("params")), "param_rows": fit_param_rows(f.get("params")), "n": len(values), "rms": fmt(rms(values))})
     return rows
 
 

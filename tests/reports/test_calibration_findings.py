@@ -55,3 +55,14 @@ def test_series_per_engine_role_q_and_temperature():
     assert {"spec step, no drafts (q=1)", "draft_model cycle (k=3)", "ngram cycle (k=3)"} <= set(series)
     prefill = {s.label: s for s in prefill_series(h200_measurements())}
     assert prefill["B=1"].x == [512, 2048, 8192] and prefill["B=4"].x == [512, 2048]
+
+
+def test_fit_parameters_read_with_units():
+    from advisor.reports.calibration_findings import fit_param_rows
+
+    rows = dict(fit_param_rows({"fixed_overhead_s": 0.00212, "per_layer_overhead_s": 4.1e-6,
+                                "hbm_bandwidth_bytes_per_s": 4.2e12, "bandwidth_efficiency": 0.8,
+                                "rates": [0.7, 0.49], "source": "calibration", "nested": {"a": 1}}))
+    assert rows == {"fixed_overhead_s": "2.120 ms", "per_layer_overhead_s": "4.1 µs",
+                    "hbm_bandwidth_bytes_per_s": "4.2e+03 G/s", "bandwidth_efficiency": "80.0 %",
+                    "rates": "0.7, 0.49", "source": "calibration"}

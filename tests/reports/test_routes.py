@@ -106,7 +106,8 @@ def test_calibration_report(app, client):
     assert measurements.count("<tr><td") == 12
     assert "batch_size=8" in measurements and "step_time_ms=" in measurements
     assert svg_count(html) == 3  # timing vs fit, acceptance vs fit, residuals
-    assert "bandwidth_efficiency=0.80" in html.split('<table id="fits">')[1]
+    fits = html.split('<table id="fits">')[1]
+    assert '<code>bandwidth_efficiency</code></td><td class="num">80.0 %</td>' in fits  # a table with units
 
 
 def test_calibration_report_of_a_failed_run_shows_the_error(app, client):
