@@ -198,3 +198,32 @@ def fit_param_rows(params: Any) -> list[tuple[str, str]]:
         return []
     return [(str(name), _with_unit(str(name), value)) for name, value in params.items()
             if not isinstance(value, dict)]
+
+
+def acceptance_series(measurements: list[dict[str, Any]]) -> dict[str, list[Series]]:
+    """Per engine and temperature: acceptance rate per draft position, one series per prompt structure, with a
+    95 % Wilson interval over the cell's drafts (accepted_per_pos[i] of num_drafts)."""
+    from scipy.stats import binomtest  # lazy: scipy is heavy
+
+    counts: dict[tuple[str, float, str], tuple[list[int], int]] = {}
+    for r in records(measurements):
+        v = r.values
+        per_pos, drafts = v.get("accepted_per_pos"), v.get("num_drafts")
+        if r.probe != "acceptance" or not isinstance(per_pos, list) or not is_number(drafts) or not drafts:
+            continue
+        key = (r.label, float(v.get("temperature") or 0.0), str(v.get("structure") or "prompts"))
+        old_pos, old_n = counts.get(key, ([], 0))
+        summed = [a + b for a, b in zip(per_pos + [0] * len(old_pos), old_pos + [0] * len(per_pos))]
+        counts[key] = (summed[: max(len(per_pos), len(old_pos))], old_n + int(drafts))
+    plots: dict[str, list[Series]] = {}
+    for (label, temperature, structure), (per_pos, drafts) in counts.items():
+        s = Series(structure)
+        for position, accepted in enumerate(per_pos, start=1):
+            ci = binomtest(int(accepted), drafts).proportion_ci(0.95, method="wilson")
+            s.x.append(float(position))
+            s.measured.append(accepted / drafts)
+            s.fitted.append(None)
+            s.lower.append(float(ci.low))
+            s.upper.append(float(ci.high))
+        plots.setdefault(f"{label}, T={temperature:g}", []).append(s)
+    return plots

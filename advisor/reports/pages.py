@@ -15,7 +15,7 @@ from markupsafe import Markup
 
 from . import plots
 from .calibration_data import ProbePlot, probe_plots, residuals_by_fit, rms
-from .calibration_findings import findings, fit_param_rows, prefill_series, step_series
+from .calibration_findings import acceptance_series, findings, fit_param_rows, prefill_series, step_series
 from .formatting import MISSING, dig, flatten, fmt, is_number, pairs_text, path_parts, percent, shorten
 
 DECISIONS = {"go": "GO", "no-go": "NO-GO", "calibrate": "CALIBRATE"}
@@ -312,6 +312,10 @@ def _fit_plots(run_id: Any, measurements: list[dict[str, Any]],
             title = f"{probe}: {y_key} over {x_key}"
             svg = plots.calibration_fit_svg(title, x_key, y_key, series, salt=f"cal{run_id}-{probe}")
             result.append((ProbePlot(probe, x_key, y_key, series, False), Markup(svg)))
+    for name, series in acceptance_series(measurements).items():
+        title, x_key, y_key = f"acceptance: {name}", "draft position", "acceptance rate (95 % interval)"
+        svg = plots.calibration_fit_svg(title, x_key, y_key, series, salt=f"cal{run_id}-acc-{len(result)}")
+        result.append((ProbePlot(f"acceptance: {name}", x_key, y_key, series, False), Markup(svg)))
     if result:  # the run's records are in the probe-runner shape; the generic fallback below would repeat them
         return result
     for index, p in enumerate(probe_plots(measurements, fits)):

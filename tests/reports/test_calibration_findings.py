@@ -66,3 +66,17 @@ def test_fit_parameters_read_with_units():
     assert rows == {"fixed_overhead_s": "2.120 ms", "per_layer_overhead_s": "4.1 µs",
                     "hbm_bandwidth_bytes_per_s": "4.2e+03 G/s", "bandwidth_efficiency": "80.0 %",
                     "rates": "0.7, 0.49", "source": "calibration"}
+
+
+def test_acceptance_per_position_with_binomial_intervals():
+    from advisor.reports.calibration_findings import acceptance_series
+
+    path = Path(__file__).parents[1] / "calibration" / "data" / "probe_run_smollm2_cpu.jsonl"
+    plots = acceptance_series([json.loads(line) for line in path.read_text().splitlines()])
+    assert sorted(plots) == ["ngram-k4, T=0", "ngram-k4, T=0.7", "ngram-k4, T=1",
+                             "self-k4, T=0", "self-k4, T=1"]
+    code = next(s for s in plots["ngram-k4, T=0"] if s.label == "code")
+    assert code.x == [1, 2, 3, 4] and round(code.measured[0], 4) == round(69 / 145, 4)
+    assert code.lower[0] < 69 / 145 < code.upper[0] and round(code.upper[0] - code.lower[0], 2) == 0.16
+    self_draft = plots["self-k4, T=0"][0]
+    assert self_draft.measured == [1.0] * 4 and self_draft.upper[0] == 1.0 and self_draft.lower[0] < 0.9

@@ -177,3 +177,17 @@ def test_calibration_report_of_the_h200_run(app, client):
     plots_html = html.split('id="fit-plots"')[1].split("</div>")[0]
     assert svg_count(plots_html) == 2  # step/cycle time over batch, prefill over prompt length
     assert "verify k=3 (q=4)" in plots_html and "prompt length (tokens)" in plots_html
+
+
+def test_calibration_report_of_the_cpu_run_plots_acceptance_per_position(app, client):
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "calibration" / "data" / "probe_run_smollm2_cpu.jsonl"
+    measurements = [json.loads(line) for line in path.read_text().splitlines()]
+    run_id = _calibration_run(app, measurements=measurements, fits=[])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    plots_html = html.split('id="fit-plots"')[1].split("</div>")[0]
+    assert svg_count(plots_html) == 7  # step time, prefill, acceptance for 2 engines × their temperatures
+    assert "acceptance: ngram-k4, T=0.7" in plots_html and "draft position" in plots_html
+    assert "A verify step at k=4 (q=5) costs 2.12× a decode step at B=8" in html
