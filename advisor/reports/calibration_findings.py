@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+from ..costmodel import GpuSpec, ModelSpec, StepTimeParams
+from ..costmodel.steptime import forward_cost, step_time_from_cost
 
 from .formatting import is_number
 from .plots import Series
@@ -71,15 +74,29 @@ def _series_name(role: str, kind: str, q: int, temperature: float) -> str:
     return name + (f", T={temperature:g}" if temperature else "")
 
 
-def step_series(measurements: list[dict[str, Any]]) -> list[Series]:
-    """Step (or whole-cycle) time in ms over batch size, one series per engine role, q and temperature."""
+StepModel = Callable[[int, int, float], float]  # (batch, q, temperature) -> fitted target step seconds
+
+
+def step_series(measurements: list[dict[str, Any]], fitted_step_s: StepModel | None = None) -> list[Series]:
+    """Step (or whole-cycle) time in ms over batch size, one series per engine role, q and temperature; decode
+    and verify steps carry the fitted step time when ``fitted_step_s`` is given (drafter cycles are not a
+    single target step, so they are shown measured only)."""
     by_name: dict[str, Series] = {}
     for (role, kind, q, temperature, batch), seconds in sorted(_step_cells(records(measurements)).items()):
         s = by_name.setdefault(_series_name(role, kind, q, temperature), Series(_series_name(role, kind, q, temperature)))
         s.x.append(float(batch))
         s.measured.append(seconds * 1e3)
-        s.fitted.append(None)
+        fit = fitted_step_s is not None and kind == "step" and role in ("decode", "verify")
+        s.fitted.append(fitted_step_s(batch, q, temperature) * 1e3 if fit else None)
     return list(by_name.values())
+
+
+def step_model(fit_params: dict[str, Any], gpu: GpuSpec, model: ModelSpec, context_tokens: int = 128) -> StepModel:
+    """The stored step-time fit as a function of (batch, q, temperature), through the cost model's step time."""
+    params = StepTimeParams.from_dict(fit_params)
+    cost = forward_cost(gpu, model)
+    return lambda batch, q, temperature: float(
+        step_time_from_cost(cost, params, batch, q, context_tokens, temperature=temperature))
 
 
 def _prefill_cells(recs: list[Record]) -> dict[tuple[int, int], float]:

@@ -199,3 +199,9 @@ def to_calibration(run: CalibrationRun) -> costmodel.Calibration:
         "temperature_range": [min(temperatures), max(temperatures)],
         **measured_conditions(run.config, engine),
     })
+
+
+def catalog_specs(run: CalibrationRun) -> tuple[costmodel.GpuSpec, costmodel.ModelSpec] | None:
+    """The run's hardware and target from the catalog (None when either is not in it): the report's fitted curves."""
+    gpu, model = catalog.find_gpu(run.hardware or ""), catalog.find_model(run.target_model or "")
+    return (catalog.gpu_spec(gpu), catalog.model_spec(model)) if gpu and model else None

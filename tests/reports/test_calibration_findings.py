@@ -80,3 +80,16 @@ def test_acceptance_per_position_with_binomial_intervals():
     assert code.lower[0] < 69 / 145 < code.upper[0] and round(code.upper[0] - code.lower[0], 2) == 0.16
     self_draft = plots["self-k4, T=0"][0]
     assert self_draft.measured == [1.0] * 4 and self_draft.upper[0] == 1.0 and self_draft.lower[0] < 0.9
+
+
+def test_fitted_step_time_only_on_target_steps():
+    calls = []
+
+    def fitted(batch: int, q: int, temperature: float) -> float:
+        calls.append((batch, q, temperature))
+        return 0.005 * q
+
+    series = {s.label: s for s in step_series(h200_measurements(), fitted)}
+    assert series["verify k=3 (q=4)"].fitted == [20.0] * 4  # ms
+    assert series["ngram cycle (k=3)"].fitted == [None] * 4  # a drafter cycle is not one target step
+    assert (256, 6, 0.8) in calls

@@ -179,6 +179,23 @@ def test_calibration_report_of_the_h200_run(app, client):
     assert "verify k=3 (q=4)" in plots_html and "prompt length (tokens)" in plots_html
 
 
+def test_calibration_report_draws_the_stored_step_time_fit(app, client):
+    from advisor.costmodel.steptime import default_step_time_params
+    from advisor.services import catalog
+    from tests.reports.test_calibration_findings import h200_measurements
+
+    with app.app_context():
+        params = default_step_time_params(catalog.gpu_spec(catalog.get_gpu("H100-SXM"))).to_dict()
+    fit = {"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": params, "residuals": []}
+    run_id = _calibration_run(app, measurements=h200_measurements(), fits=[fit])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    plots_html = html.split('id="fit-plots"')[1].split("</div>")[0]
+    assert "(no fitted values stored for these points)" not in plots_html.split("</figure>")[0]
+    # and without a stored fit the same plot says so
+    bare = get_html(client, f"/v1/calibrations/{_calibration_run(app, measurements=h200_measurements(), fits=[])}/report")
+    assert "(no fitted values stored for these points)" in bare.split('id="fit-plots"')[1].split("</figure>")[0]
+
+
 def test_calibration_report_of_the_cpu_run_plots_acceptance_per_position(app, client):
     import json
     from pathlib import Path
