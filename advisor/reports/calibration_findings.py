@@ -1,7 +1,8 @@
 """What a calibration run found, in words and in plots, from its stored measurement records.
 
 Records are ``{"probe", "params": {"engine": {label, speculative_config, ...}}, "values": {...}}`` as
-``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"), ``batch_size``, ``q``,
+``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"), ``batch_size``,
+``q``,
 ``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values ``prompt_len``,
 ``batch_size``, ``prefill_s``; memory values ``kv_cache_tokens``. A later record of the same cell replaces an
 earlier one (a redo of part of the plan appends its records).
@@ -39,7 +40,8 @@ def records(measurements: list[dict[str, Any]]) -> list[Record]:
         values = m["values"]
         label = str(engine.get("label") or values.get("label") or "target")
         k = spec.get("num_speculative_tokens")
-        result.append(Record(str(m.get("probe")), label, spec.get("method"), k if isinstance(k, int) else None, values))
+        k = k if isinstance(k, int) else None
+        result.append(Record(str(m.get("probe")), label, spec.get("method"), k, values))
     return result
 
 
@@ -83,7 +85,8 @@ def step_series(measurements: list[dict[str, Any]], fitted_step_s: StepModel | N
     single target step, so they are shown measured only)."""
     by_name: dict[str, Series] = {}
     for (role, kind, q, temperature, batch), seconds in sorted(_step_cells(records(measurements)).items()):
-        s = by_name.setdefault(_series_name(role, kind, q, temperature), Series(_series_name(role, kind, q, temperature)))
+        name = _series_name(role, kind, q, temperature)
+        s = by_name.setdefault(name, Series(name))
         s.x.append(float(batch))
         s.measured.append(seconds * 1e3)
         fit = fitted_step_s is not None and kind == "step" and role in ("decode", "verify")
@@ -91,8 +94,10 @@ def step_series(measurements: list[dict[str, Any]], fitted_step_s: StepModel | N
     return list(by_name.values())
 
 
-def step_model(fit_params: dict[str, Any], gpu: GpuSpec, model: ModelSpec, context_tokens: int = 128) -> StepModel:
-    """The stored step-time fit as a function of (batch, q, temperature), through the cost model's step time."""
+def step_model(fit_params: dict[str, Any], gpu: GpuSpec, model: ModelSpec,
+               context_tokens: int = 128) -> StepModel:
+    """The stored step-time fit as a function of (batch, q, temperature), through the cost model's step
+    time (advisor.costmodel.steptime.step_time_from_cost)."""
     params = StepTimeParams.from_dict(fit_params)
     cost = forward_cost(gpu, model)
     return lambda batch, q, temperature: float(
@@ -131,21 +136,22 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
     out: list[str] = []
     # verify steps at each k, at the largest batch <= 8 that has both a decode and the verify step
     for (role, kind, q, t, b), s in sorted(cells.items()):
-        if role == "verify" and q > 1 and t == 0.0 and b in decode and b == _pick_batch(cells, role, q, decode):
+        if role == "verify" and q > 1 and t == 0.0 and b == _pick_batch(cells, role, q, decode):
             out.append(f"A verify step at k={q - 1} (q={q}) costs {s / decode[b]:.2f}× a decode step at B={b} "
                        f"({_ms(s)} vs {_ms(decode[b])}).")
     for (role, kind, q, t, b), s in sorted(cells.items()):
         if role == "verify" and q == 1 and t == 0.0 and b == 1 and b in decode:
-            out.append(f"A speculative step without drafts costs {(s - decode[b]) * 1e3:.2f} ms more than a plain "
-                       f"decode step at B=1 ({_ms(s)} vs {_ms(decode[b])}): the speculative engine's fixed overhead "
-                       "(async scheduling off).")
+            out.append(f"A speculative step without drafts costs {(s - decode[b]) * 1e3:.2f} ms more than a "
+                       f"plain decode step at B=1 ({_ms(s)} vs {_ms(decode[b])}): the speculative engine's "
+                       "fixed overhead (async scheduling off).")
     for (role, kind, q, t, b), s in sorted(cells.items()):
         if kind == "cycle" and t == 0.0 and b == 1 and b in decode:
             what = "draft-model" if role == "draft_model" else role.replace("_", " ")
             ratio = s / decode[b]
             verdict = (f"it cannot pay off at B=1, since a cycle yields at most {q} tokens" if ratio >= q
                        else f"it pays off only if it yields more than {ratio:.2f} tokens per sequence")
-            out.append(f"One {what} cycle (k={q - 1}) at B=1 takes {_ms(s)}, {ratio:.2f}× a decode step; {verdict}.")
+            out.append(f"One {what} cycle (k={q - 1}) at B=1 takes {_ms(s)}, {ratio:.2f}× a decode step; "
+                       f"{verdict}.")
     prefill = _prefill_cells(recs)
     if prefill:
         (batch, length), seconds = max(prefill.items(), key=lambda kv: kv[0][0] * kv[0][1] / kv[1])
@@ -159,7 +165,8 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
         for role, tokens in kv.items():
             if role not in ("decode", "verify"):
                 out.append(f"KV cache: {tokens:,} tokens with the {role.replace('_', ' ')} engine vs "
-                           f"{kv['decode']:,} without a drafter ({(tokens / kv['decode'] - 1) * 100:+.1f} %).")
+                           f"{kv['decode']:,} without a drafter "
+                           f"({(tokens / kv['decode'] - 1) * 100:+.1f} %).")
     spreads = [float(r.values["relative_spread"]) for r in recs
                if r.probe in ("step_time", "prefill") and is_number(r.values.get("relative_spread"))]
     if spreads:

@@ -15,7 +15,8 @@ from markupsafe import Markup
 
 from . import plots
 from .calibration_data import ProbePlot, probe_plots, residuals_by_fit, rms
-from .calibration_findings import acceptance_series, findings, fit_param_rows, prefill_series, step_model, step_series
+from .calibration_findings import (acceptance_series, findings, fit_param_rows, prefill_series, step_model,
+                                   step_series)
 from .formatting import MISSING, dig, flatten, fmt, is_number, pairs_text, path_parts, percent, shorten
 
 DECISIONS = {"go": "GO", "no-go": "NO-GO", "calibrate": "CALIBRATE"}
@@ -319,7 +320,7 @@ def _fit_plots(run_id: Any, measurements: list[dict[str, Any]], fits: list[dict[
         title, x_key, y_key = f"acceptance: {name}", "draft position", "acceptance rate (95 % interval)"
         svg = plots.calibration_fit_svg(title, x_key, y_key, series, salt=f"cal{run_id}-acc-{len(result)}")
         result.append((ProbePlot(f"acceptance: {name}", x_key, y_key, series, False), Markup(svg)))
-    if result:  # the run's records are in the probe-runner shape; the generic fallback below would repeat them
+    if result:  # records in the probe runner's shape; the generic fallback below would only repeat them
         return result
     for index, p in enumerate(probe_plots(measurements, fits)):
         title = f"{p.probe}: {p.y_key} over {p.x_key}"
@@ -333,7 +334,8 @@ def _fit_rows(fits: list[dict[str, Any]], residuals: dict[str, list[float]]) -> 
     for f in fits:
         values = residuals.get(f"{f.get('kind')}: {f.get('key')}", [])
         rows.append({"kind": fmt(f.get("kind")), "key": fmt(f.get("key")),
-                     "params_text": pairs_text(f.get("params")), "param_rows": fit_param_rows(f.get("params")), "n": len(values), "rms": fmt(rms(values))})
+                     "params_text": pairs_text(f.get("params")), "param_rows": fit_param_rows(f.get("params")),
+                     "n": len(values), "rms": fmt(rms(values))})
     return rows
 
 
@@ -344,7 +346,7 @@ def _measurement_rows(measurements: list[dict[str, Any]]) -> list[dict[str, str]
 
 def calibration_page(run: dict[str, Any], specs: tuple[Any, Any] | None = None) -> str:
     """A calibration run (``CalibrationRunSchema`` dump): status, probes, measured vs fitted, residuals.
-    ``specs`` = (GpuSpec, ModelSpec) of the run's hardware and target: the fitted step-time curves need them."""
+    ``specs`` = (GpuSpec, ModelSpec) of the run's hardware and target, for the fitted step-time curves."""
     measurements = [m for m in run.get("measurements") or [] if isinstance(m, dict)]
     fits = [f for f in run.get("fits") or [] if isinstance(f, dict)]
     run_id, status = run.get("id"), str(run.get("status") or "unknown")
