@@ -173,6 +173,17 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
         out.append(f"Repeats agreed to a median relative spread of {statistics.median(spreads) * 100:.1f} % "
                    f"(worst {max(spreads) * 100:.0f} %, over {len(spreads)} timed cells).")
     out.extend(_co_scheduling(recs))
+    for name, series in acceptance_series(measurements).items():
+        if len(series) > 1 and all(s.measured for s in series):
+            best = max(series, key=lambda s: s.measured[0])
+            worst = min(series, key=lambda s: s.measured[0])
+            if best.measured[0] == worst.measured[0]:
+                out.append(f"First-position acceptance ({name}): {best.measured[0]:.2f} for every structure "
+                           f"({', '.join(one.label for one in series)}).")
+                continue
+            out.append(f"First-position acceptance ({name}): highest for {best.label} {best.measured[0]:.2f} "
+                       f"({best.lower[0]:.2f}–{best.upper[0]:.2f}), lowest for {worst.label} "
+                       f"{worst.measured[0]:.2f} ({worst.lower[0]:.2f}–{worst.upper[0]:.2f}).")
     return out
 
 

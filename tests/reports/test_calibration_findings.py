@@ -80,6 +80,10 @@ def test_acceptance_per_position_with_binomial_intervals():
     code = next(s for s in plots["ngram-k4, T=0"] if s.label == "code")
     assert code.x == [1, 2, 3, 4] and round(code.measured[0], 4) == round(69 / 145, 4)
     assert code.lower[0] < 69 / 145 < code.upper[0] and round(code.upper[0] - code.lower[0], 2) == 0.16
+    sentences = findings([json.loads(line) for line in path.read_text().splitlines()])
+    assert ("First-position acceptance (ngram-k4, T=0): highest for rag 0.70 (0.62–0.77), lowest for prose "
+            "0.35 (0.26–0.46).") in sentences
+    assert "First-position acceptance (self-k4, T=0): 1.00 for every structure (code, prose, json)." in sentences
     self_draft = plots["self-k4, T=0"][0]
     assert self_draft.measured == [1.0] * 4 and self_draft.upper[0] == 1.0 and self_draft.lower[0] < 0.9
 
