@@ -306,7 +306,10 @@ def _fit_plots(run_id: Any, measurements: list[dict[str, Any]], fits: list[dict[
                specs: tuple[Any, Any] | None = None) -> list[tuple[ProbePlot, Markup]]:
     result = []
     step_fit = next((f.get("params") for f in fits if f.get("kind") == "step_time"), None)
-    fitted = step_model(step_fit, *specs) if step_fit and specs else None
+    try:
+        fitted = step_model(step_fit, *specs) if isinstance(step_fit, dict) and specs else None
+    except (KeyError, TypeError, ValueError):  # a fit uploaded in another shape: points only, no curve
+        fitted = None
     for probe, x_key, y_key, series in (
         ("step_time", "batch size", "step or cycle time (ms)", step_series(measurements, fitted)),
         ("prefill", "prompt length (tokens)", "prefill time (ms)", prefill_series(measurements)),

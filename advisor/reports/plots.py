@@ -433,7 +433,7 @@ def calibration_fit_svg(title: str, x_label: str, y_label: str, series: list[Ser
                 color=color,
                 label=s.label,
             )
-            if len(s.lower) == len(s.x) == len(s.upper):
+            if s.lower and len(s.lower) == len(s.x) == len(s.upper):
                 ax.errorbar(s.x, s.measured, yerr=[[m - lo for m, lo in zip(s.measured, s.lower)],
                                                    [hi - m for m, hi in zip(s.measured, s.upper)]],
                             linestyle="none", color=color, linewidth=0.8, capsize=2)

@@ -209,3 +209,12 @@ def test_calibration_report_of_the_cpu_run_plots_acceptance_per_position(app, cl
     assert svg_count(plots_html) == 7  # step time, prefill, acceptance for 2 engines × their temperatures
     assert "acceptance: ngram-k4, T=0.7" in plots_html and "draft position" in plots_html
     assert "A verify step at k=4 (q=5) costs 2.12× a decode step at B=8" in html
+
+
+def test_calibration_report_with_a_step_fit_of_another_shape_still_renders(app, client):
+    from tests.reports.test_calibration_findings import h200_measurements
+
+    fit = {"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": {"alpha": 1}, "residuals": []}
+    run_id = _calibration_run(app, measurements=h200_measurements(), fits=[fit])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    assert "(no fitted values stored for these points)" in html.split('id="fit-plots"')[1].split("</figure>")[0]
