@@ -62,4 +62,5 @@ def calibration_report(run_id: int) -> Response:
     """A calibration run: status, probes, measured points against fitted curves, residuals."""
     from ..reports import calibration_dict, pages
 
-    return html_response(pages.calibration_page(calibration_dict(calibrations.get(run_id))))
+    run = calibrations.get(run_id)
+    return html_response(pages.calibration_page(calibration_dict(run), calibrations.catalog_specs(run)))

@@ -15,6 +15,8 @@ from markupsafe import Markup
 
 from . import plots
 from .calibration_data import ProbePlot, probe_plots, residuals_by_fit, rms
+from .calibration_findings import (acceptance_series, findings, fit_param_rows, prefill_series, step_model,
+                                   step_series)
 from .formatting import MISSING, dig, flatten, fmt, is_number, pairs_text, path_parts, percent, shorten
 
 DECISIONS = {"go": "GO", "no-go": "NO-GO", "calibrate": "CALIBRATE"}
@@ -300,9 +302,29 @@ RUN_DETAILS = ("hardware", "target_model", "method", "draft_model", "progress", 
                "finished_at", "queue", "job_id")
 
 
-def _fit_plots(run_id: Any, measurements: list[dict[str, Any]],
-               fits: list[dict[str, Any]]) -> list[tuple[ProbePlot, Markup]]:
+def _fit_plots(run_id: Any, measurements: list[dict[str, Any]], fits: list[dict[str, Any]],
+               specs: tuple[Any, Any] | None = None) -> list[tuple[ProbePlot, Markup]]:
     result = []
+    step_fit = next((f.get("params") for f in fits if f.get("kind") == "step_time"), None)
+    try:
+        fitted = step_model(step_fit, *specs) if isinstance(step_fit, dict) and specs else None
+    except (KeyError, TypeError, ValueError):  # a fit uploaded in another shape: points only, no curve
+        fitted = None
+    for probe, x_key, y_key, series in (
+        ("step_time", "batch size", "step or cycle time (ms)", step_series(measurements, fitted)),
+        ("prefill", "prompt length (tokens)", "prefill time (ms)", prefill_series(measurements)),
+    ):
+        if series:
+            title = f"{probe}: {y_key} over {x_key}"
+            svg = plots.calibration_fit_svg(title, x_key, y_key, series, salt=f"cal{run_id}-{probe}")
+            has_fitted = any(v is not None for one in series for v in one.fitted)
+            result.append((ProbePlot(probe, x_key, y_key, series, has_fitted), Markup(svg)))
+    for name, series in acceptance_series(measurements).items():
+        title, x_key, y_key = f"acceptance: {name}", "draft position", "acceptance rate (95 % interval)"
+        svg = plots.calibration_fit_svg(title, x_key, y_key, series, salt=f"cal{run_id}-acc-{len(result)}")
+        result.append((ProbePlot(f"acceptance: {name}", x_key, y_key, series, False), Markup(svg)))
+    if result:  # records in the probe runner's shape; the generic fallback below would only repeat them
+        return result
     for index, p in enumerate(probe_plots(measurements, fits)):
         title = f"{p.probe}: {p.y_key} over {p.x_key}"
         svg = plots.calibration_fit_svg(title, p.x_key, p.y_key, p.series, salt=f"cal{run_id}-{index}")
@@ -315,7 +337,8 @@ def _fit_rows(fits: list[dict[str, Any]], residuals: dict[str, list[float]]) -> 
     for f in fits:
         values = residuals.get(f"{f.get('kind')}: {f.get('key')}", [])
         rows.append({"kind": fmt(f.get("kind")), "key": fmt(f.get("key")),
-                     "params_text": pairs_text(f.get("params")), "n": len(values), "rms": fmt(rms(values))})
+                     "params_text": pairs_text(f.get("params")), "param_rows": fit_param_rows(f.get("params")),
+                     "n": len(values), "rms": fmt(rms(values))})
     return rows
 
 
@@ -324,8 +347,9 @@ def _measurement_rows(measurements: list[dict[str, Any]]) -> list[dict[str, str]
              "values_text": pairs_text(m.get("values"))} for m in measurements]
 
 
-def calibration_page(run: dict[str, Any]) -> str:
-    """A calibration run (``CalibrationRunSchema`` dump): status, probes, measured vs fitted, residuals."""
+def calibration_page(run: dict[str, Any], specs: tuple[Any, Any] | None = None) -> str:
+    """A calibration run (``CalibrationRunSchema`` dump): status, probes, measured vs fitted, residuals.
+    ``specs`` = (GpuSpec, ModelSpec) of the run's hardware and target, for the fitted step-time curves."""
     measurements = [m for m in run.get("measurements") or [] if isinstance(m, dict)]
     fits = [f for f in run.get("fits") or [] if isinstance(f, dict)]
     run_id, status = run.get("id"), str(run.get("status") or "unknown")
@@ -338,5 +362,6 @@ def calibration_page(run: dict[str, Any]) -> str:
         environment=[(p, fmt(v)) for p, v in flatten(run.get("environment") or {})],
         config=[(p, fmt(v)) for p, v in flatten(run.get("config") or {})],
         measurements=_measurement_rows(measurements), fits=_fit_rows(fits, residuals),
-        fit_plots=_fit_plots(run_id, measurements, fits), residuals_svg=residuals_plot,
+        fit_plots=_fit_plots(run_id, measurements, fits, specs), residuals_svg=residuals_plot,
+        findings=findings(measurements),
     )

@@ -408,6 +408,8 @@ class Series:
     x: list[float] = field(default_factory=list)
     measured: list[float] = field(default_factory=list)
     fitted: list[float | None] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)  # interval per point, when known (drawn as error bars)
+    upper: list[float] = field(default_factory=list)
 
 
 def calibration_fit_svg(title: str, x_label: str, y_label: str, series: list[Series], salt: str) -> str:
@@ -431,6 +433,10 @@ def calibration_fit_svg(title: str, x_label: str, y_label: str, series: list[Ser
                 color=color,
                 label=s.label,
             )
+            if s.lower and len(s.lower) == len(s.x) == len(s.upper):
+                ax.errorbar(s.x, s.measured, yerr=[[m - lo for m, lo in zip(s.measured, s.lower)],
+                                                   [hi - m for m, hi in zip(s.measured, s.upper)]],
+                            linestyle="none", color=color, linewidth=0.8, capsize=2)
             fitted = [(s.x[i], s.fitted[i]) for i in order if i < len(s.fitted) and s.fitted[i] is not None]
             if fitted:
                 ax.plot(

@@ -252,3 +252,9 @@ def to_calibration(run: CalibrationRun) -> costmodel.Calibration:
         **measured_conditions(run.config, engine),
         "vllm_version": (run.environment or {}).get("vllm_version"),
     })
+
+
+def catalog_specs(run: CalibrationRun) -> tuple[costmodel.GpuSpec, costmodel.ModelSpec] | None:
+    """The run's hardware and target from the catalog (None when either is missing), for the report's curves."""
+    gpu, model = catalog.find_gpu(run.hardware or ""), catalog.find_model(run.target_model or "")
+    return (catalog.gpu_spec(gpu), catalog.model_spec(model)) if gpu and model else None

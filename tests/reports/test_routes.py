@@ -106,7 +106,8 @@ def test_calibration_report(app, client):
     assert measurements.count("<tr><td") == 12
     assert "batch_size=8" in measurements and "step_time_ms=" in measurements
     assert svg_count(html) == 3  # timing vs fit, acceptance vs fit, residuals
-    assert "bandwidth_efficiency=0.80" in html.split('<table id="fits">')[1]
+    fits = html.split('<table id="fits">')[1]
+    assert '<code>bandwidth_efficiency</code></td><td class="num">80.0 %</td>' in fits  # a table with units
 
 
 def test_calibration_report_of_a_failed_run_shows_the_error(app, client):
@@ -161,3 +162,59 @@ def test_report_of_an_open_loop_workload(client):
     answer = post(client, scenario)
     html = get_html(client, f"/v1/recommendations/{answer['id']}/report")
     assert svg_count(html) == 4 and "<code>workload.requests_per_second</code>" in html
+
+
+def test_calibration_report_of_the_h200_run(app, client):
+    from tests.reports.test_calibration_findings import h200_measurements
+
+    run_id = _calibration_run(app, measurements=h200_measurements(), fits=[])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    assert "No numeric measurements to plot yet" not in html
+    found = html.split('<ul id="findings">')[1].split("</ul>")[0]
+    assert "A verify step at k=5 (q=6) costs 1.35× a decode step at B=8 (7.07 ms vs 5.24 ms)." in found
+    assert "One ngram cycle (k=3) at B=1 takes 6.33 ms, 1.28× a decode step" in found
+    assert "tokens per engine step grew 241× from B=1 to B=256" in found
+    plots_html = html.split('id="fit-plots"')[1].split("</div>")[0]
+    assert svg_count(plots_html) == 2  # step/cycle time over batch, prefill over prompt length
+    assert "verify k=3 (q=4)" in plots_html and "prompt length (tokens)" in plots_html
+
+
+def test_calibration_report_draws_the_stored_step_time_fit(app, client):
+    from advisor.costmodel.steptime import default_step_time_params
+    from advisor.services import catalog
+    from tests.reports.test_calibration_findings import h200_measurements
+
+    with app.app_context():
+        params = default_step_time_params(catalog.gpu_spec(catalog.get_gpu("H100-SXM"))).to_dict()
+    fit = {"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": params, "residuals": []}
+    run_id = _calibration_run(app, measurements=h200_measurements(), fits=[fit])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    plots_html = html.split('id="fit-plots"')[1].split("</div>")[0]
+    assert "(no fitted values stored for these points)" not in plots_html.split("</figure>")[0]
+    # and without a stored fit the same plot says so
+    bare_id = _calibration_run(app, measurements=h200_measurements(), fits=[])
+    bare = get_html(client, f"/v1/calibrations/{bare_id}/report").split('id="fit-plots"')[1]
+    assert "(no fitted values stored for these points)" in bare.split("</figure>")[0]
+
+
+def test_calibration_report_of_the_cpu_run_plots_acceptance_per_position(app, client):
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "calibration" / "data" / "probe_run_smollm2_cpu.jsonl"
+    measurements = [json.loads(line) for line in path.read_text().splitlines()]
+    run_id = _calibration_run(app, measurements=measurements, fits=[])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    plots_html = html.split('id="fit-plots"')[1].split("</div>")[0]
+    assert svg_count(plots_html) == 7  # step time, prefill, acceptance for 2 engines × their temperatures
+    assert "acceptance: ngram-k4, T=0.7" in plots_html and "draft position" in plots_html
+    assert "A verify step at k=4 (q=5) costs 2.12× a decode step at B=8" in html
+
+
+def test_calibration_report_with_a_step_fit_of_another_shape_still_renders(app, client):
+    from tests.reports.test_calibration_findings import h200_measurements
+
+    fit = {"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": {"alpha": 1}, "residuals": []}
+    run_id = _calibration_run(app, measurements=h200_measurements(), fits=[fit])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    assert "(no fitted values stored for these points)" in html.split('id="fit-plots"')[1].split("</figure>")[0]
