@@ -110,14 +110,15 @@ def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int
 
 
 def wait_for_quiet(max_wait_s: float) -> float:
-    from benchmarks.closed_loop import wait_for_quiet as wait
+    """Wait (bounded) until other processes use under 20 % of the CPUs (``calibration.contention``)."""
+    from calibration.contention import wait_others_quiet
 
-    return wait(max_wait_s)
+    return wait_others_quiet(max_wait_s, limit=0.2)
 
 
 def guarded(measure, label: str, attempts: int):
-    """The closed-loop benchmark's guard: redo a run while other processes took a share of the 2 cores."""
-    from benchmarks.closed_loop import guarded as guard
+    """The probes' guard: redo a run while other processes took a share of the 2 cores."""
+    from calibration.contention import guarded as guard
 
     return guard(measure, label, attempts)
 

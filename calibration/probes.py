@@ -315,6 +315,9 @@ class ProbeConfig:
         )
 
     def engine_settings(self, model: str) -> dict:
+        """vLLM engine arguments for ``model`` (platform defaults filled in where still None)."""
+        if self.enforce_eager is None or self.max_num_seqs is None or self.max_model_len is None:
+            return self.resolved().engine_settings(model)
         return {
             "model": model,
             "enforce_eager": self.enforce_eager,
@@ -621,7 +624,7 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
         tn, outs = _timed_generate(llm, prompts(), many)
         d = read_spec_counters(llm) - mid
         steps = max(0.5, steps_of(outs, d) - steps_of(outs_s, mid - before))
-        return (tn - ts) / steps, steps_of(outs, d), d
+        return (tn - ts) / steps, max(1.0, steps_of(outs, d)), d
 
     results, others = _repeat(once, cfg, label)
     samples = [r[0] for r in results]

@@ -41,9 +41,10 @@ def smollm2_path(vllm_available):
     return prepare_smollm2()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def self_draft_engine(smollm2_path):
-    """SmolLM2 drafting for itself (draft_model, k=4, probabilistic drafting): the session's engine."""
+    """SmolLM2 drafting for itself (draft_model, k=4, probabilistic drafting), shared by the module that needs it
+    and stopped after it, so that later timing tests (tests/calibration/test_serving.py) get quiet cores."""
     from calibration.probes import DrafterSpec, ProbeConfig, start_engine, stop_engine
 
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
