@@ -70,6 +70,8 @@ def cpu_engine_env(
     if preload:
         libs = [p for p in (find_tcmalloc(), find_iomp()) if p]
         existing = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+        if any("libiomp" in p for p in libs):  # one OpenMP runtime: vLLM's CPU executor asserts not both, and an
+            existing = [p for p in existing if "libgomp" not in p]  # imported vLLM may have put libgomp there
         env["LD_PRELOAD"] = ":".join(dict.fromkeys(libs + existing))
         if not env["LD_PRELOAD"]:
             del env["LD_PRELOAD"]
