@@ -80,6 +80,14 @@ def catalog_row(name: str) -> dict:
     return next(r for r in rows if r["name"] == name)
 
 
+def catalog_specs():
+    """(H200-SXM, target, drafter) as the cost model's specs, from the packaged catalog."""
+    from advisor.costmodel import GpuSpec, ModelSpec
+
+    gpu = next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"] if g["name"] == "H200-SXM")
+    return GpuSpec.from_dict(gpu), ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(DRAFT))
+
+
 def shapes(workdir: Path) -> tuple[str, str]:
     from calibration.models import write_shape
 
@@ -294,12 +302,10 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
 
 
 def analyze(workdir: Path, out_json: Path | None = None) -> int:
-    from advisor.costmodel import GpuSpec, ModelSpec, predict
+    from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
-    gpu = GpuSpec.from_dict(next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"]
-                                 if g["name"] == "H200-SXM"))
-    target, draft = ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(DRAFT))
+    gpu, target, draft = catalog_specs()
     cal, results = build_gpu_calibration(calibration_records(workdir), gpu, target, draft)
     step_fit = results[f"step_time:{target.name}"]
     print(f"step-time fit: rms relative residual {step_fit.rmse_rel:.3f}; free {', '.join(step_fit.free)}")
@@ -349,11 +355,7 @@ PROFILE_BEHAVIOUR = ("a separate draft model runs without CUDA graphs",
 def write_profile(workdir: Path, vllm_version: str = "0.24") -> dict:
     """The run's fit as the shipped engine profile of H200-SXM × this vLLM version (advisor/data/engine_profiles.json,
     replacing an older profile of the same pair)."""
-    from advisor.costmodel import GpuSpec, ModelSpec
-
-    gpu = GpuSpec.from_dict(next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"]
-                                 if g["name"] == "H200-SXM"))
-    target, draft = ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(DRAFT))
+    gpu, target, draft = catalog_specs()
     records = calibration_records(workdir)
     cal, _ = build_gpu_calibration(records, gpu, target, draft)
     env = json.loads((workdir / "calibration-run.json").read_text())["environment"]

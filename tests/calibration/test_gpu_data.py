@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.costmodel import GpuSpec, ModelSpec, Scenario, Speculator, Workload, predict
+from advisor.costmodel import Scenario, Speculator, Workload, predict
 from advisor.costmodel.types import AcceptanceInput, MeasuredEngineProfile
 from benchmarks import gpu_closed_loop as gcl
 
@@ -17,9 +17,7 @@ RUN = Path(gcl.REPO_ROOT) / "benchmarks" / "data" / "h200-vllm0.24"
 
 @pytest.fixture(scope="module")
 def specs():
-    gpu = GpuSpec.from_dict(next(g for g in json.loads((gcl.DATA_DIR / "gpus.json").read_text())["items"]
-                                 if g["name"] == "H200-SXM"))
-    return gpu, ModelSpec.from_dict(gcl.catalog_row(gcl.TARGET)), ModelSpec.from_dict(gcl.catalog_row(gcl.DRAFT))
+    return gcl.catalog_specs()
 
 
 @pytest.fixture(scope="module")
