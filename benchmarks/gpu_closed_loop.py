@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -95,12 +94,13 @@ def shapes(workdir: Path) -> tuple[str, str]:
             str(write_shape(catalog_row(DRAFT), workdir / "shapes" / DRAFT)))
 
 
-def gpu_probe_config(target: str, draft: str):
+def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1):
     """The GPU probe plan of the closed loop: the product's ``ProbeConfig`` with timing settings for an H200."""
     from calibration.probes import DrafterSpec, ProbeConfig
 
     return ProbeConfig(
         model=target, probes=("memory", "timing"), load_format="dummy", skip_tokenizer_init=True,
+        tensor_parallel_size=tensor_parallel_size,
         batch_sizes=(1, 8, 64, 256), cycle_batch_sizes=(1, 16, 64, 256), decode_tokens=32,
         context_len=PROMPT_TOKENS, verify_ks=(3, 5), prompt_lengths=(512, 2048, 8192), prefill_batch_sizes=(1, 4),
         max_prefill_tokens=8192, sampled_temperature=0.8, synthetic_acceptance=CALIBRATION_ACCEPTANCE,
@@ -111,7 +111,7 @@ def gpu_probe_config(target: str, draft: str):
 
 
 # --------------------------------------------------------------------------------------------- calibrate
-def calibrate(workdir: Path, engines: list[str] | None = None) -> int:
+def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1) -> int:
     from calibration.probes import ProbeRunError, environment_info, run_probes
     from calibration.runner import to_record
 
@@ -136,26 +136,37 @@ def calibrate(workdir: Path, engines: list[str] | None = None) -> int:
 
         status = "succeeded"
         try:
-            run_probes(gpu_probe_config(target, draft), progress=progress, on_measurement=emit, engines=engines)
+            run_probes(gpu_probe_config(target, draft, tp), progress=progress, on_measurement=emit, engines=engines)
         except ProbeRunError as exc:
             status = f"failed: {exc}"
     info = {"status": status, "wall_s": round(time.perf_counter() - t0, 1),
             "split_s": {k: round(v, 1) for k, v in splits.items()}, "environment": environment_info(),
-            "config": dataclasses.asdict(gpu_probe_config(target, draft))}
+            "config": dataclasses.asdict(gpu_probe_config(target, draft, tp))}
     (workdir / ("calibration-run.json" if engines is None else "calibration-redo-run.json")).write_text(json.dumps(info, indent=1, default=str) + "\n")
     print(json.dumps({k: info[k] for k in ("status", "wall_s", "split_s")}), flush=True)
     return 0 if status == "succeeded" else 1
 
 
 # --------------------------------------------------------------------------------------------- measure
-def _measure_engine(case: EngineCase, target: str, draft: str, out: Path) -> None:
-    """Child process: one engine, every batch size; one JSON line per batch size to ``out``."""
+def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0) -> None:
+    """Child process: one engine, every batch size; one JSON line per batch size to ``out``. ``held`` > 0: one of
+    that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``."""
     from calibration.probes import (DrafterSpec, _random_prompts, _sampling, environment_info, read_spec_counters,
                                     start_engine, stop_engine, synthetic_rates)
 
     import random
 
-    cfg = gpu_probe_config(target, draft).resolved(on_gpu=True)
+    events = None
+    if held:  # events (ready) on the original stdout; vLLM's own output to stderr, so no pipe fills while we wait
+        events = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+    cfg = gpu_probe_config(target, draft, tp).resolved(on_gpu=True)
+    if held:
+        # every batch size with its outputs and drafts, with 50 % to spare; vLLM's memory profiling is skipped (it
+        # would count the other engines' allocations as its own)
+        kv_gib = 1.5 * max(BATCH_SIZES) * (PROMPT_TOKENS + OUTPUT_TOKENS + 16 + case.k) * 128 * 1024 / tp / 2**30
+        cfg = dataclasses.replace(cfg, kv_cache_memory_gib=round(kv_gib, 1),
+                                  gpu_memory_utilization=round(0.9 / held, 3))
     settings = cfg.engine_settings(target)
     spec = None
     acceptances: tuple[float | None, ...] = (None,)
@@ -171,6 +182,10 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path) -> Non
     env = environment_info()
     try:
         llm.generate(_random_prompts(8, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
+        if held:
+            from calibration.probes import wait_for_go
+
+            wait_for_go(case.label, events)
         with out.open("a") as f:
             for i, acc in enumerate(acceptances):
                 label = case.label if acc is None else f"{case.label}-a{acc:g}"
@@ -200,6 +215,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path) -> Non
                                        "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
                                        "iteration_tokens": d.iteration_tokens})
                     row = {"engine": label, "method": case.method, "k": case.k, "acceptance": acc,
+                           "tensor_parallel_size": tp,
                            "batch_size": b, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                            "startup_s": startup, "speculative_config": spec, "rounds": rounds,
                            "gpu_name": env.get("gpu_name"), "vllm_version": env.get("vllm_version")}
@@ -211,8 +227,11 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path) -> Non
         stop_engine(llm)
 
 
-def measure(workdir: Path, only: list[str] | None = None) -> int:
-    target, draft = shapes(workdir)
+def measure(workdir: Path, only: list[str] | None = None, tp: int = 1) -> int:
+    """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
+    process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time."""
+    from calibration.probes import HeldProcess
+
     out = workdir / "measurements.jsonl"
     done = set()
     if out.exists():
@@ -223,16 +242,23 @@ def measure(workdir: Path, only: list[str] | None = None) -> int:
         done = {c.label for c in engine_cases()
                 if all(by.get(lbl, set()) >= set(BATCH_SIZES)
                        for lbl in ([c.label] if not c.method else [f"{c.label}-a{a:g}" for a in c.acceptances]))}
+    todo = [c for c in engine_cases() if c.label not in done and not (only and c.label not in only)]
+    t0 = time.perf_counter()
+    procs = [HeldProcess([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir", str(workdir),
+                          "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp), "--held", str(len(todo))],
+                         c.label) for c in todo]
     status = 0
-    for case in engine_cases():
-        if case.label in done or (only and case.label not in only):
-            continue
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir",
-                               str(workdir), "--case", json.dumps(dataclasses.asdict(case))],
-                              start_new_session=True)
-        print(f"[measure] {case.label}: exit {proc.returncode} in {time.perf_counter() - t0:.0f} s", flush=True)
-        status = status or proc.returncode
+    try:
+        ready = [p.wait_ready() for p in procs]
+        print(f"[measure] {sum(ready)}/{len(procs)} engines started in {time.perf_counter() - t0:.0f} s", flush=True)
+        for p, ok in zip(procs, ready):
+            t1 = time.perf_counter()
+            rc = p.run() if ok else p.proc.wait()
+            print(f"[measure] {p.label}: exit {rc} in {time.perf_counter() - t1:.0f} s", flush=True)
+            status = status or rc
+    finally:
+        for p in procs:
+            p.kill()
     return status
 
 
@@ -297,8 +323,13 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     batches = [r["values"]["batch_size"] for r in records if r["probe"] == "step_time"]
     cal = Calibration.from_dict({"run_id": run_id, "hardware": gpu.name, **by_kind,
                                  "max_batch_calibrated": max(batches), "temperature_range": [0.0, 0.8],
-                                 "weights_dtype": "bf16", "tensor_parallel_size": 1, "engine_mode": "graphs"})
+                                 "weights_dtype": "bf16", "tensor_parallel_size": tensor_parallel_size(records),
+                                 "engine_mode": "graphs"})
     return cal, results
+
+
+def tensor_parallel_size(records: list[dict]) -> int:
+    return max(int(r["params"]["engine"].get("tensor_parallel_size") or 1) for r in records)
 
 
 def analyze(workdir: Path, out_json: Path | None = None) -> int:
@@ -306,7 +337,9 @@ def analyze(workdir: Path, out_json: Path | None = None) -> int:
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
     gpu, target, draft = catalog_specs()
-    cal, results = build_gpu_calibration(calibration_records(workdir), gpu, target, draft)
+    records = calibration_records(workdir)
+    cal, results = build_gpu_calibration(records, gpu, target, draft)
+    tp = tensor_parallel_size(records)
     step_fit = results[f"step_time:{target.name}"]
     print(f"step-time fit: rms relative residual {step_fit.rmse_rel:.3f}; free {', '.join(step_fit.free)}")
     for row in step_fit.points:
@@ -329,7 +362,7 @@ def analyze(workdir: Path, out_json: Path | None = None) -> int:
         scen = Scenario(
             gpu="H200-SXM", target_model=TARGET,
             speculator=Speculator(r["method"], None if copy else DRAFT, k),
-            workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]),
+            workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]), gpu_count=tp,
             acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
         ans = predict(scen, gpu, target, None if copy else draft, cal, compare_methods=False).to_dict()
@@ -406,21 +439,23 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("phase", choices=("calibrate", "measure", "analyze", "profile", "_engine"))
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
     parser.add_argument("--only", default=None, help="calibrate: plan engines whose label starts with one of these; measure: engine labels")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine (calibrate, measure)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
 
 
 def main(args: argparse.Namespace) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
-        return calibrate(args.workdir, args.only.split(",") if args.only else None)
+        return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp)
     if args.phase == "measure":
-        return measure(args.workdir, args.only.split(",") if args.only else None)
+        return measure(args.workdir, args.only.split(",") if args.only else None, args.tp)
     if args.phase == "_engine":
         target, draft = shapes(args.workdir)
         case = json.loads(args.case)
         _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
-                        args.workdir / "measurements.jsonl")
+                        args.workdir / "measurements.jsonl", args.tp, args.held)
         return 0
     if args.phase == "profile":
         print(json.dumps(write_profile(args.workdir.resolve()), indent=1))

@@ -195,6 +195,11 @@ class StepPoint:
     temperature: float = 0.0
     method: str = "draft_model"  # cycles: the drafter's method (a model drafter, or a copy drafter: ngram, suffix)
     draft_fraction: float = 1.0  # cycles: share of steps that drafted (copy drafters find no match otherwise)
+    gpu_count: int = 1  # the engine's tensor-parallel size: weights, KV and FLOPs split over it, plus all-reduces
+
+
+def _tp(r: Record) -> int:
+    return max(1, int(r.engine.get("tensor_parallel_size") or 1))
 
 
 def _spec_method(r: Record) -> str | None:
@@ -240,10 +245,11 @@ def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None
             frac = min(1.0, float(v.get("num_drafts") or 0) / per_seq_steps) if copy else 1.0
             ctx = float(v.get("context_len", 0)) + 1.0 + steps * per_cycle / 2.0
             out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"]), temp,
-                                 method, frac))
+                                 method, frac, _tp(r)))
         elif method in (None, "custom_class"):
             kind = "spec_step" if method == "custom_class" and q == 1 else "step"
-            out.append(StepPoint(kind, m, None, batch, q, int(q - 1), ctx, float(v["step_s"]), temp))
+            out.append(StepPoint(kind, m, None, batch, q, int(q - 1), ctx, float(v["step_s"]), temp,
+                                 gpu_count=_tp(r)))
     return out
 
 
@@ -258,14 +264,14 @@ def predict_points(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimePa
     setup_has_temperature = "temperature" in {f.name for f in dataclasses.fields(CycleSetup)}
     out = np.empty(len(points))
     for i, p in enumerate(points):
-        cost = forward_cost(gpu, p.model, weights_dtype)
+        cost = forward_cost(gpu, p.model, weights_dtype, p.gpu_count)
         if p.kind == "step":
             out[i] = float(step_time_from_cost(cost, params, p.batch, p.q, p.context, temperature=p.temperature))
         elif p.kind == "spec_step":  # a speculative engine's step in which nothing was drafted (q = 1)
             out[i] = float(step_time_from_cost(cost, params, p.batch, 1.0, p.context) + params.verify_overhead_s
                            + rejection_sampling_s(params, p.batch, 0.0, p.temperature))
         else:
-            dcost = forward_cost(gpu, p.draft, "bf16") if p.draft is not None else None
+            dcost = forward_cost(gpu, p.draft, "bf16", p.gpu_count) if p.draft is not None else None
             pre = default_prefill_params(gpu)
             # decode_context_tokens = prompt + output / 2 = p.context
             extra = {"temperature": p.temperature} if setup_has_temperature else {}
@@ -379,13 +385,14 @@ def _step_start(gpu: GpuSpec, base: StepTimeParams, points: Sequence[StepPoint],
     largest step's excess over it taken as compute (the fit moves both)."""
     steps = [p for p in points if p.kind == "step"] or list(points)
     first = min(steps, key=lambda p: (p.q, p.batch, p.seconds))
-    cost = forward_cost(gpu, first.model, weights_dtype)
+    cost = forward_cost(gpu, first.model, weights_dtype, first.gpu_count)
     mem_at_1 = weight_bytes_read(cost, 1.0) / cost.bandwidth_bytes_per_s
     eta_bw = float(np.clip(mem_at_1 / (0.5 * first.seconds), 0.05, 1.0))
     fixed = max(first.seconds - mem_at_1 / eta_bw, 0.0)
     big = max(steps, key=lambda p: p.batch * p.q)
     extra = max(big.seconds - first.seconds, 1e-6)
-    comp = big.batch * big.q * forward_cost(gpu, big.model, weights_dtype).flops_per_token / cost.peak_flops_per_s
+    comp = (big.batch * big.q * forward_cost(gpu, big.model, weights_dtype, big.gpu_count).flops_per_token
+            / cost.peak_flops_per_s)
     eta_f = float(np.clip(comp / extra, 0.05, 1.0))
     return dataclasses.replace(base, bandwidth_efficiency=eta_bw, compute_efficiency=eta_f, fixed_overhead_s=fixed,
                                roofline_sharpness=base.roofline_sharpness if base.roofline_sharpness else 2.5)
@@ -414,7 +421,7 @@ def fit_prefill(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, step_par
     t = np.array([float(r.values["prefill_s"]) for r in recs])
     if len(t) < 2:
         raise ValueError(f"need at least 2 prefill points to fit, got {len(t)}")
-    cost = forward_cost(gpu, model, weights_dtype)
+    cost = forward_cost(gpu, model, weights_dtype, _tp(recs[0]))
     default = default_prefill_params(gpu)
 
     def params_of(x: np.ndarray) -> PrefillParams:

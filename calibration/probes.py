@@ -285,6 +285,12 @@ class ProbeConfig:
     max_relative_spread: float = 0.08
     guard_contention: bool | None = None  # None: on the CPU, redo timings while other processes load the cores
     isolate_engines: bool | None = None  # None: on GPUs, each engine in its own process
+    # None: on GPUs, isolated engines start together (as many as fit, by :func:`engine_memory_estimate_bytes`),
+    # then probe one at a time while the others wait idle; an engine start (torch.compile, CUDA-graph capture) is
+    # mostly host work, so starting them together takes about one start instead of one per engine
+    parallel_starts: bool | None = None
+    kv_cache_memory_gib: float | None = None  # GPU KV cache per engine (vLLM's kv_cache_memory_bytes); None: vLLM
+    # sizes it from gpu_memory_utilization, except with parallel starts (profiling sees the other engines' memory)
     # acceptance
     drafters: tuple[DrafterSpec, ...] = (DrafterSpec("ngram", 4),)
     structures: tuple[str, ...] = STRUCTURES
@@ -310,6 +316,8 @@ class ProbeConfig:
             max_model_len=self.max_model_len or int(2 ** np.ceil(np.log2(need_len))),
             guard_contention=(not on_gpu) if self.guard_contention is None else self.guard_contention,
             isolate_engines=on_gpu if self.isolate_engines is None else self.isolate_engines,
+            parallel_starts=(on_gpu and (self.isolate_engines is not False)) if self.parallel_starts is None
+            else self.parallel_starts,
             kv_cache_space_gib=None if on_gpu else self.kv_cache_space_gib,
             cycle_batch_sizes=self.cycle_batch_sizes or self.batch_sizes,
         )
@@ -329,6 +337,7 @@ class ProbeConfig:
             "max_num_seqs": self.max_num_seqs,
             "kv_cache_space_gib": self.kv_cache_space_gib,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_memory_bytes": None if self.kv_cache_memory_gib is None else int(self.kv_cache_memory_gib * 2**30),
             "load_format": self.load_format,
             "skip_tokenizer_init": self.skip_tokenizer_init,
             "seed": self.seed,
@@ -478,7 +487,7 @@ def kv_capacity(llm) -> dict:
 
 
 OPTIONAL_ENGINE_ARGS = {"quantization": None, "kv_cache_dtype": "auto", "tensor_parallel_size": 1,
-                        "skip_tokenizer_init": False}
+                        "skip_tokenizer_init": False, "kv_cache_memory_bytes": None}
 
 
 def start_engine(settings: dict, speculative_config: dict | None = None):
@@ -795,8 +804,10 @@ def resolve_model_path(path: str, load_format: str) -> str:
 
 
 def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
-               emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random) -> None:
-    """Start ``item``'s engine here, run its tasks, stop it; each measurement to ``emit`` as it is taken."""
+               emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random,
+               on_ready: Callable[[], None] | None = None) -> None:
+    """Start ``item``'s engine here, run its tasks, stop it; each measurement to ``emit`` as it is taken.
+    ``on_ready`` is called once the engine is up, before any timing."""
     drafters = {d.name(): d for d in cfg.drafters}
     path = resolve_model_path(item.model, cfg.load_format)
     settings = cfg.engine_settings(path)
@@ -807,6 +818,8 @@ def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str,
         if "memory" in cfg.probes:
             emit(measure_memory(llm, item.label, startup, spec is not None, engine, env))
         tick(f"{item.label}: started in {startup:.1f}s")
+        if on_ready is not None:
+            on_ready()
         copy_drafter = (spec or {}).get("method") in ("ngram", "suffix")
         for task in item.tasks:
             if task[0] == "step":
@@ -853,56 +866,208 @@ def measurement_from_dict(data: dict) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def _run_engine_isolated(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
-                         emit: MeasurementCallback, tick: Callable[[str], None]) -> None:
-    """:func:`run_engine` in a child process (``python -m calibration.probes --engine-plan FILE``), ended with its
-    process group: a GPU engine's memory is only free again once its process is gone."""
-    import signal
-    import subprocess
-    import tempfile
+class HeldProcess:
+    """A child process in its own process group, whose JSON-line events on stdout go to ``on_event`` (other lines
+    to stderr). With ``hold`` it may report ``{"ready": ...}`` (:func:`wait_for_go`) and then wait for :meth:`run`
+    to say go: engines can start together and still be timed one at a time. :meth:`kill` ends the whole group
+    (a GPU engine's memory is only free again once its processes are gone)."""
 
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"config": _config_dict(cfg), "engine": asdict(item), "environment": env, "prompts": prompts}, f,
-                  default=str)
-        plan_file = f.name
-    proc = subprocess.Popen([sys.executable, "-m", "calibration.probes", "--engine-plan", plan_file],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
-    error = None
-    try:
-        for line in proc.stdout:
+    def __init__(self, argv: list[str], label: str, hold: bool = True):
+        import subprocess
+
+        self.label, self.hold = label, hold
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if hold else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    def _pump(self, on_event: Callable[[dict], None] | None, until_ready: bool) -> bool:
+        for line in self.proc.stdout:
             try:
                 event = json.loads(line)
             except ValueError:
-                continue
+                event = None
+            if not isinstance(event, dict):
+                sys.stderr.write(line)
+            elif "ready" in event and until_ready:
+                return True
+            elif on_event is not None:
+                on_event(event)
+        self.proc.wait()
+        return False
+
+    def wait_ready(self, on_event: Callable[[dict], None] | None = None) -> bool:
+        """Pass events on until the child is ready (True) or has ended (False)."""
+        return self._pump(on_event, until_ready=True)
+
+    def run(self, on_event: Callable[[dict], None] | None = None) -> int:
+        """Say go (when held), pass events on until the child ends; its exit status."""
+        if self.hold:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.flush()
+        self._pump(on_event, until_ready=False)
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+
+def wait_for_go(label: str, stream=None) -> None:
+    """Child side of :class:`HeldProcess`: report ready, then block until the parent says go."""
+    stream = stream or sys.stdout
+    stream.write(json.dumps({"ready": label}) + "\n")
+    stream.flush()
+    if not sys.stdin.readline():
+        raise RuntimeError("the parent ended before this engine's turn")
+
+
+def engine_memory_estimate_bytes(item: EnginePlan, cfg: ProbeConfig) -> int:
+    """GPU memory an engine of the plan will hold: weights of the target (and draft model) per TP rank, from the
+    checkpoint's safetensors or, for config-only shapes, a parameter count of config.json (Llama-like layers), at
+    2 bytes per parameter; plus the KV cache and 3 GiB for activations, CUDA graphs and the CUDA context."""
+    def weights(path: str | None) -> int:
+        if not path:
+            return 0
+        p = Path(path.split("@layers=")[0])
+        files = list(p.glob("*.safetensors")) if p.is_dir() else []
+        if files and cfg.load_format != "dummy":
+            return sum(f.stat().st_size for f in files)
+        try:
+            c = json.loads((p / "config.json").read_text())
+        except (OSError, ValueError):
+            return 0
+        h, layers = int(c.get("hidden_size", 0)), int(c.get("num_hidden_layers", 0))
+        if "@layers=" in path:
+            layers = int(path.split("@layers=")[1])
+        heads = int(c.get("num_attention_heads", 1))
+        hd = int(c.get("head_dim") or h // max(heads, 1))
+        kvh = int(c.get("num_key_value_heads", heads))
+        experts = int(c.get("num_local_experts") or c.get("num_experts") or 1)
+        params = layers * (2 * h * heads * hd + 2 * h * kvh * hd + 3 * h * int(c.get("intermediate_size", 0)) * experts)
+        params += int(c.get("vocab_size", 0)) * h * (1 if c.get("tie_word_embeddings") else 2)
+        return 2 * params
+
+    spec = item.speculative_config or {}
+    draft = spec.get("model") if spec.get("method") in ("draft_model",) else None
+    tp = max(1, cfg.tensor_parallel_size)
+    kv = int((cfg.kv_cache_memory_gib or 0) * 2**30)
+    return (weights(item.model) + weights(draft)) // tp + kv + 3 * 2**30
+
+
+def default_kv_cache_gib(cfg: ProbeConfig) -> float:
+    """KV cache for engines that start together: every probe's batch with its drafts, and one longest sequence,
+    with 50 % to spare (the drafter's layers share the pool); at 2 bytes per element of the target's K and V."""
+    try:
+        c = json.loads((Path((cfg.model or "").split("@layers=")[0]) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 8.0
+    heads = int(c.get("num_attention_heads", 1))
+    hd = int(c.get("head_dim") or int(c.get("hidden_size", 0)) // max(heads, 1))
+    per_token = 2 * int(c.get("num_hidden_layers", 0)) * int(c.get("num_key_value_heads", heads)) * hd * 2
+    kmax = max([*cfg.verify_ks, *(d.k for d in cfg.drafters), 0])
+    generated = max(cfg.decode_tokens, cfg.max_tokens if "acceptance" in cfg.probes else 0)
+    tokens = max(cfg.max_model_len or 0, (cfg.max_num_seqs or 1) * (cfg.context_len + generated + 1 + kmax + 16))
+    return max(1.0, round(1.5 * tokens * per_token / max(1, cfg.tensor_parallel_size) / 2**30, 1))
+
+
+def start_groups(plan: list[EnginePlan], cfg: ProbeConfig, gpu_memory_bytes: int | None) -> list[list[EnginePlan]]:
+    """Engines that start together, in plan order: with ``cfg.parallel_starts``, as many as fit in 90 % of the
+    GPU's memory (:func:`engine_memory_estimate_bytes`; all of them without a GPU); otherwise one at a time."""
+    if not cfg.parallel_starts:
+        return [[item] for item in plan]
+    if not gpu_memory_bytes:
+        return [list(plan)] if plan else []
+    groups: list[list[EnginePlan]] = []
+    used = 0
+    for item in plan:
+        need = engine_memory_estimate_bytes(item, cfg)
+        if groups and used + need <= 0.9 * gpu_memory_bytes:
+            groups[-1].append(item)
+            used += need
+        else:
+            groups.append([item])
+            used = need
+    return groups
+
+
+def gpu_memory_bytes() -> int | None:
+    """Total memory of the first GPU (no CUDA context is created), or None without one."""
+    try:
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def _run_group_isolated(group: list[EnginePlan], cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
+                        emit: MeasurementCallback, tick: Callable[[str], None], gpu: bool) -> None:
+    """Start ``group``'s engines together, each in its own process (``python -m calibration.probes --engine-plan
+    FILE``); once all are up, let them probe one at a time (the others wait idle: no step of theirs overlaps a
+    timing). On a GPU each gets a share of the memory and a fixed KV cache: vLLM's memory profiling would count the
+    other engines' allocations as its own."""
+    import tempfile
+
+    hold = len(group) > 1
+    plan_files: list[str] = []
+    if hold and gpu:
+        share = round(0.9 / len(group), 3)
+        cfg = dataclasses.replace(cfg, gpu_memory_utilization=min(cfg.gpu_memory_utilization or share, share),
+                                  kv_cache_memory_gib=cfg.kv_cache_memory_gib or default_kv_cache_gib(cfg))
+    errors: dict[str, str] = {}
+
+    def on_event(label: str) -> Callable[[dict], None]:
+        def handle(event: dict) -> None:
             if "measurement" in event:
                 emit(measurement_from_dict(event["measurement"]))
             elif "tick" in event:
                 tick(event["tick"])
             elif "error" in event:
-                error = event["error"]
-        proc.wait()
+                errors[label] = event["error"]
+        return handle
+
+    procs: list[HeldProcess] = []
+    try:
+        for item in group:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump({"config": _config_dict(cfg), "engine": asdict(item), "environment": env,
+                           "prompts": prompts, "hold": hold}, f, default=str)
+            plan_files.append(f.name)
+            procs.append(HeldProcess([sys.executable, "-m", "calibration.probes", "--engine-plan", f.name],
+                                     item.label, hold))
+        if hold:
+            for p in procs:
+                if not p.wait_ready(on_event(p.label)):
+                    raise RuntimeError(errors.get(p.label) or f"engine process {p.label} ended before it was ready"
+                                       f" (exit {p.proc.returncode})")
+        for p in procs:
+            if p.run(on_event(p.label)) != 0:
+                raise RuntimeError(errors.get(p.label) or f"engine process {p.label} exited with {p.proc.returncode}")
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        os.unlink(plan_file)
-    if proc.returncode != 0:
-        raise RuntimeError(error or f"engine process {item.label} exited with {proc.returncode}")
+        for p in procs:
+            p.kill()
+        for name in plan_files:
+            Path(name).unlink(missing_ok=True)
 
 
 def _engine_plan_main(plan_file: str) -> int:
-    """Child side of :func:`_run_engine_isolated`: events as JSON lines on the original stdout."""
+    """Child side of :func:`_run_group_isolated`: events as JSON lines on the original stdout."""
     events = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's own prints go to stderr
     data = json.loads(Path(plan_file).read_text())
     cfg = config_from_dict(data["config"])
     item = EnginePlan(**{**data["engine"], "tasks": [tuple(t) for t in data["engine"]["tasks"]]})
     rng = random.Random(hash((cfg.seed, item.label)) & 0xFFFFFFFF)
+
     try:
         run_engine(item, cfg, data["environment"], data["prompts"],
                    lambda m: events.write(json.dumps({"measurement": asdict(m)}, default=str) + "\n"),
-                   lambda msg: events.write(json.dumps({"tick": msg}) + "\n"), rng)
+                   lambda msg: events.write(json.dumps({"tick": msg}) + "\n"), rng,
+                   on_ready=(lambda: wait_for_go(item.label, events)) if data.get("hold") else None)
     except BaseException as exc:
         events.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
         return 1
@@ -915,7 +1080,8 @@ def run_probes(
     on_measurement: MeasurementCallback | None = None,
     engines: Iterable[str] | None = None,
 ) -> CalibrationResult:
-    """Run the probe plan (:func:`plan_engines`); one engine at a time.
+    """Run the probe plan (:func:`plan_engines`); one engine probing at a time (isolated engines may start
+    together: ``ProbeConfig.parallel_starts``).
 
     ``progress(done, total, message)`` is called after every step (an engine start counts as one);
     ``on_measurement(m)`` with each measurement as soon as it is taken. Raises :class:`ProbeRunError`
@@ -952,11 +1118,14 @@ def run_probes(
 
     stage = "setup"
     try:
-        for item in plan:
-            stage = f"engine {item.label}"
-            if cfg.isolate_engines:
-                _run_engine_isolated(item, cfg, env, prompts, emit, tick)
-            else:
+        if cfg.isolate_engines:
+            memory = gpu_memory_bytes() if cfg.parallel_starts else None
+            for group in start_groups(plan, cfg, memory):
+                stage = "engine " + ", ".join(item.label for item in group)
+                _run_group_isolated(group, cfg, env, prompts, emit, tick, gpu=memory is not None)
+        else:
+            for item in plan:
+                stage = f"engine {item.label}"
                 run_engine(item, cfg, env, prompts, emit, tick, rng)
     except BaseException as exc:  # keep what was measured
         result.status = "failed"

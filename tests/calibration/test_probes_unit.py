@@ -1,7 +1,7 @@
 """Probe runner pieces that need no vLLM engine."""
-
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 
@@ -112,6 +112,33 @@ def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
     assert max(t[1] for e in cycles for t in e.tasks) == 256
     prefill = [t for t in plan["target"].tasks if t[0] == "prefill"]
     assert max(t[1] for t in prefill) == 8192 and any(t[2] > 1 for t in prefill)
+
+
+def test_gpu_engines_start_together_as_memory_allows(tmp_path):
+    """On a GPU the plan's engines start together (one start's wall time instead of four), as many as fit: an
+    8B shape is ~16 GB of weights per engine; four engines fit an H200, not a 24 GB card."""
+    from benchmarks.gpu_closed_loop import DRAFT, TARGET, catalog_row, gpu_probe_config
+    from calibration.models import write_shape
+    from calibration.probes import default_kv_cache_gib, engine_memory_estimate_bytes, plan_engines, start_groups
+
+    target = str(write_shape(catalog_row(TARGET), tmp_path / "t"))
+    draft = str(write_shape(catalog_row(DRAFT), tmp_path / "d"))
+    cfg = gpu_probe_config(target, draft).resolved(on_gpu=True)
+    assert cfg.parallel_starts
+    kv_gib = default_kv_cache_gib(cfg)
+    assert 6 < kv_gib < 10  # 256 sequences of ~180 tokens at 128 KiB each, with 50 % to spare
+    plan = plan_engines(cfg)
+    est = {e.label: engine_memory_estimate_bytes(e, dataclasses.replace(cfg, kv_cache_memory_gib=kv_gib))
+           for e in plan}
+    assert 15.5e9 < est["target"] - (kv_gib + 3) * 2**30 < 16.5e9  # Llama-3.1-8B: 8.03 B parameters in bf16
+    draft_engine = next(e.label for e in plan if (e.speculative_config or {}).get("method") == "draft_model")
+    assert 2.4e9 < est[draft_engine] - est["target"] < 2.6e9  # + Llama-3.2-1B (1.24 B)
+    cfg = dataclasses.replace(cfg, kv_cache_memory_gib=kv_gib)
+    assert [len(g) for g in start_groups(plan, cfg, 139 * 2**30)] == [len(plan)]
+    assert all(len(g) == 1 for g in start_groups(plan, cfg, 24 * 10**9))
+    assert all(len(g) == 1 for g in start_groups(plan, dataclasses.replace(cfg, parallel_starts=False), 139 * 2**30))
+    cpu = gpu_probe_config(target, draft).resolved(on_gpu=False)
+    assert not cpu.parallel_starts
 
 
 def test_cpu_defaults_stay_eager_and_in_process():
