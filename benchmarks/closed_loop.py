@@ -214,21 +214,33 @@ class ClosedLoopResult:
 
 
 # --------------------------------------------------------------------------------------------- engine phases
+SMOKE_WORKLOADS = ("sql-b1", "self-code-b1")
 TRUNCATED_LAYERS = 8  # a copy with the first 8 of 30 layers: separates per-step from per-forward overhead
 
 
-def cpu_probe_config(model: str | None, compiled: bool = False, kv_gib: int = 2):
+SECOND_CYCLE_K = 2  # self-drafting cycles also timed at this k (how a draft-model cycle scales with k)
+
+
+def cpu_probe_config(model: str | None, compiled: bool = False, kv_gib: int = 1, smoke: bool = False):
     """The CPU closed loop's probe plan: the product's ``ProbeConfig`` (``calibration.probes.plan_engines``) with
-    the drafters this loop predicts (n-gram and the model drafting for itself, both at k = ``CALIBRATION_K``) and a
-    truncated copy (per-step vs per-layer overhead); everything else is the plan's CPU default (verify widths,
-    no-draft steps at T = 0 and at the sampled temperature, 12 prompts × 128 tokens per acceptance cell, contention
-    guard). The measurement engines use the same engine settings."""
+    the drafters this loop predicts (n-gram and the model drafting for itself, both at k = ``CALIBRATION_K``,
+    self-drafting cycles also at k = ``SECOND_CYCLE_K``) and a truncated copy (per-step vs per-layer overhead);
+    everything else is the plan's CPU default (engines alive together with their timings interleaved, verify
+    widths, no-draft steps at T = 0 and at the sampled temperature, 12 prompts × 128 tokens per acceptance cell,
+    contention guard). The measurement engines use the same engine settings. ``smoke``: a plan of minutes that
+    runs every kind of probe once (checks the machinery, not the accuracy)."""
     from calibration.probes import DrafterSpec, ProbeConfig
 
-    return ProbeConfig(model=model, enforce_eager=not compiled, kv_cache_space_gib=kv_gib,
-                       truncated_layers=TRUNCATED_LAYERS,
-                       drafters=(DrafterSpec("ngram", CALIBRATION_K),
-                                 DrafterSpec("draft_model", CALIBRATION_K, model="self")))
+    cfg = ProbeConfig(model=model, enforce_eager=not compiled, kv_cache_space_gib=kv_gib,
+                      truncated_layers=TRUNCATED_LAYERS, second_cycle_k=SECOND_CYCLE_K,
+                      drafters=(DrafterSpec("ngram", CALIBRATION_K),
+                                DrafterSpec("draft_model", CALIBRATION_K, model="self")))
+    if smoke:
+        cfg = dataclasses.replace(cfg, batch_sizes=(1, 2), prompt_lengths=(64,), prefill_batch_sizes=(1,),
+                                  structures=("code",), temperatures=(0.0,), prompts_per_probe=2, max_tokens=32,
+                                  decode_tokens=16, repeats=1, max_repeats=1, truncated_layers=None,
+                                  sampled_temperature=None)
+    return cfg
 
 
 def _calibrate_phase(plan: dict, out: Path) -> int:
@@ -236,7 +248,7 @@ def _calibrate_phase(plan: dict, out: Path) -> int:
     from calibration.probes import ProbeRunError, run_probes
     from calibration.runner import to_record
 
-    cfg = cpu_probe_config(plan["model"], plan["compiled"], plan["kv_gib"])
+    cfg = cpu_probe_config(plan["model"], plan["compiled"], plan["kv_gib"], plan.get("smoke", False))
     splits: dict[str, float] = {}
     last = [time.perf_counter()]
 
@@ -262,62 +274,80 @@ def _calibrate_phase(plan: dict, out: Path) -> int:
     return status
 
 
+def _measure_round(llm, batch: list[str], params, label: str) -> dict:
+    """One batch generated on one engine: wall time, per-request token counts, TTFT and TPOT, its spec counters."""
+    from calibration.contention import guarded
+    from calibration.probes import read_spec_counters
+
+    def run_round():
+        c0 = read_spec_counters(llm)
+        t0 = time.perf_counter()
+        outs = llm.generate(batch, params, use_tqdm=False)
+        return time.perf_counter() - t0, outs, read_spec_counters(llm) - c0
+
+    (wall, outs, d), others = guarded(run_round, label)
+    reqs = []
+    for o in outs:
+        ids = list(o.outputs[0].token_ids)
+        m = o.metrics
+        first = getattr(m, "first_token_ts", 0.0) if m is not None else 0.0
+        last = getattr(m, "last_token_ts", 0.0) if m is not None else 0.0
+        reqs.append({
+            "prompt_tokens": len(o.prompt_token_ids or []), "output_tokens": len(ids),
+            "ttft_s": getattr(m, "first_token_latency", None) if m is not None else None,
+            "tpot_s": (last - first) / (len(ids) - 1) if len(ids) > 1 and last > first else None,
+        })
+    return {"wall_s": wall, "others_cpu": round(others, 4), "requests": reqs, "num_drafts": d.num_drafts,
+            "num_draft_tokens": d.num_draft_tokens, "num_accepted_tokens": d.num_accepted_tokens,
+            "accepted_per_pos": d.accepted_per_pos}
+
+
 def _measure_phase(plan: dict, out: Path) -> int:
-    """One engine (baseline or speculative), every workload assigned to it; results as JSON lines."""
+    """The baseline engine and one speculative engine alive together (SmolLM2 fits twice); every workload
+    assigned to the speculative engine measured on both, round by round, the order alternating (base, spec),
+    (spec, base), ...: drift of the host's speed between rounds weighs on both alike. Results as JSON lines, one
+    per (engine, workload)."""
     from vllm import SamplingParams
 
-    from calibration.probes import format_prompts, read_spec_counters, start_engine, stop_engine
-
-    from calibration.contention import guarded
+    from calibration.probes import format_prompts, start_engine, stop_engine
 
     settings = cpu_probe_config(plan["model"], plan["compiled"], plan["kv_gib"]).resolved(on_gpu=False) \
         .engine_settings(plan["model"])
-    llm, startup = start_engine(settings, plan.get("speculative_config"))
+    engines: dict[str, Any] = {}
+    startup: dict[str, float] = {}
     try:
+        for label, spec in plan["engines"].items():
+            engines[label], startup[label] = start_engine(settings, spec)
         # warm-up: allocations, the n-gram proposer's numba JIT, every batch size used below
         warm = ["Count from one to twenty in words, separated by commas."] * max(
             w["concurrency"] for w in plan["workloads"])
-        llm.generate(format_prompts(llm, warm, True),
-                     SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+        for llm in engines.values():
+            llm.generate(format_prompts(llm, warm, True),
+                         SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+        labels = list(engines)
+        turn = 0
         with out.open("a") as f:
             for w in plan["workloads"]:
-                texts = format_prompts(llm, w["prompts"], True)
                 # generation stops at EOS (as users run it, and as the acceptance probes did); speedups are
                 # compared per generated token
                 params = SamplingParams(temperature=w["temperature"], max_tokens=w["output_tokens"], seed=1234)
-                rounds = []
+                rounds: dict[str, list[dict]] = {label: [] for label in labels}
                 for r in range(w["rounds"]):
-                    batch = texts[r * w["concurrency"]:(r + 1) * w["concurrency"]]
-
-                    def run_round():
-                        c0 = read_spec_counters(llm)
-                        t0 = time.perf_counter()
-                        outs = llm.generate(batch, params, use_tqdm=False)
-                        return time.perf_counter() - t0, outs, read_spec_counters(llm) - c0
-
-                    (wall, outs, d), others = guarded(run_round, plan["label"])
-                    reqs = []
-                    for o in outs:
-                        ids = list(o.outputs[0].token_ids)
-                        m = o.metrics
-                        first = getattr(m, "first_token_ts", 0.0) if m is not None else 0.0
-                        last = getattr(m, "last_token_ts", 0.0) if m is not None else 0.0
-                        reqs.append({
-                            "prompt_tokens": len(o.prompt_token_ids or []), "output_tokens": len(ids),
-                            "ttft_s": getattr(m, "first_token_latency", None) if m is not None else None,
-                            "tpot_s": (last - first) / (len(ids) - 1) if len(ids) > 1 and last > first else None,
-                        })
-                    rounds.append({"wall_s": wall, "others_cpu": round(others, 4), "requests": reqs,
-                                   "num_drafts": d.num_drafts,
-                                   "num_draft_tokens": d.num_draft_tokens,
-                                   "num_accepted_tokens": d.num_accepted_tokens,
-                                   "accepted_per_pos": d.accepted_per_pos})
-                    print(f"[{plan['label']}] {w['name']} round {r}: {wall:.2f} s", file=sys.stderr, flush=True)
-                f.write(json.dumps({"engine": plan["label"], "workload": w["name"], "startup_s": startup,
-                                    "rounds": rounds}) + "\n")
+                    for label in (labels if turn % 2 == 0 else labels[::-1]):
+                        llm = engines[label]
+                        texts = format_prompts(llm, w["prompts"], True)
+                        batch = texts[r * w["concurrency"]:(r + 1) * w["concurrency"]]
+                        rounds[label].append(_measure_round(llm, batch, params, label))
+                        print(f"[{label}] {w['name']} round {r}: {rounds[label][-1]['wall_s']:.2f} s",
+                              file=sys.stderr, flush=True)
+                    turn += 1
+                for label in labels:
+                    f.write(json.dumps({"engine": label, "workload": w["name"], "startup_s": startup[label],
+                                        "rounds": rounds[label]}) + "\n")
                 f.flush()
     finally:
-        stop_engine(llm)
+        for llm in engines.values():
+            stop_engine(llm)
     return 0
 
 
@@ -345,7 +375,23 @@ def default_vllm_python() -> str:
     return sys.executable
 
 
-def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -> int:
+def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path, lock: str | None = None) -> int:
+    """One engine phase in a child process; with ``lock``, under an exclusive ``flock`` of that file (machines
+    whose CPUs other jobs share by such a lock: the phase's timings then run alone)."""
+    import contextlib
+    import fcntl
+
+    with contextlib.ExitStack() as stack:
+        if lock:
+            fd = stack.enter_context(open(lock, "a"))
+            t = time.perf_counter()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            stack.callback(fcntl.flock, fd, fcntl.LOCK_UN)
+            print(f"[{plan['label']}] lock {lock} held after {time.perf_counter() - t:.0f} s", file=sys.stderr)
+        return _run_child_unlocked(python, plan, workdir, kv_gib, log)
+
+
+def _run_child_unlocked(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -> int:
     from calibration.vllm_cpu.env import cpu_engine_env, find_iomp, find_tcmalloc
 
     from calibration.contention import wait_others_quiet
@@ -472,6 +518,18 @@ def _summarise_measurement(rows: list[dict]) -> dict:
             "others_cpu": max((r.get("others_cpu") or 0.0) for r in rows) if rows else 0.0}
 
 
+def pool_measurements(measurements: list[dict]) -> list[dict]:
+    """One entry per (engine, workload), the rounds of every run that measured it pooled (``--measurements A,B``)."""
+    pooled: dict[tuple[str, str], dict] = {}
+    for m in measurements:
+        key = (m["engine"], m["workload"])
+        if key in pooled:
+            pooled[key] = dict(pooled[key], rounds=pooled[key]["rounds"] + m["rounds"])
+        else:
+            pooled[key] = m
+    return list(pooled.values())
+
+
 def compare(cases: list[WorkloadCase], measurements: list[dict], records: list[dict], data_dir: Path = DATA_DIR):
     """Fit, predict every case and pair it with its measurement."""
     gpu, target = load_catalog(data_dir)
@@ -531,13 +589,20 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="SmolLM2-135M-Instruct checkpoint (default: prepared/cached)")
     parser.add_argument("--compiled", action="store_true",
                         help="torch.compile engines (≈2 min per start) for calibration AND measurement; default eager")
-    parser.add_argument("--kv-cache-space-gib", type=int, default=2)
+    parser.add_argument("--kv-cache-space-gib", type=int, default=1,
+                        help="KV cache per engine, GiB (engines live together: 6 in the calibration, 2 measuring)")
     parser.add_argument("--records", default=None,
                         help="reuse calibration records (JSON lines from an earlier run) instead of probing")
     parser.add_argument("--measurements", default=None,
-                        help="reuse measurements (JSON lines from an earlier run) instead of measuring")
+                        help="reuse measurements (JSON lines from an earlier run; several files comma-separated:"
+                             " their rounds pooled) instead of measuring")
     parser.add_argument("--only", default=None, help="comma-separated workload names")
     parser.add_argument("--quick", action="store_true", help="one round, 64 output tokens per workload")
+    parser.add_argument("--smoke", action="store_true",
+                        help="minutes: a minimal probe plan and two short workloads (checks the machinery only)")
+    parser.add_argument("--lock", default=None,
+                        help="run each engine phase under an exclusive flock of this file (a shared machine's"
+                             " CPU lock); the analysis runs outside it")
     parser.add_argument("--max-median-error", type=float, default=MEDIAN_ERROR_TARGET)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--max-wait-quiet", type=float, default=120.0,
@@ -550,7 +615,9 @@ def main(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "engines.log"
     python = args.vllm_python or default_vllm_python()
-    cases = workloads(args.quick)
+    cases = workloads(args.quick or args.smoke)
+    if args.smoke:
+        cases = [dataclasses.replace(c, output_tokens=32) for c in cases if c.name in SMOKE_WORKLOADS]
     if args.only:
         wanted = set(args.only.split(","))
         cases = [c for c in cases if c.name in wanted]
@@ -568,9 +635,10 @@ def main(args: argparse.Namespace) -> int:
         records_path = workdir / "calibration-records.jsonl"
         records_path.write_text("")
         plan = {"phase": "calibrate", "label": "calibrate", "model": model, "compiled": args.compiled,
+                "smoke": args.smoke,
                 "kv_gib": args.kv_cache_space_gib, "out": str(records_path), "max_wait_quiet_s": args.max_wait_quiet,
                 "split_out": str(workdir / "calibration-split.json")}
-        rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log)
+        rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log, args.lock)
         if rc != 0:
             print(f"calibration failed (exit {rc}); see {log}", file=sys.stderr)
             return 2
@@ -579,14 +647,14 @@ def main(args: argparse.Namespace) -> int:
     split_path = workdir / "calibration-split.json"
     calibration_split = json.loads(split_path.read_text()) if split_path.exists() else {}
 
-    # 2. measure (baseline + one engine per speculative setting)
+    # 2. measure (per speculative setting: that engine and the baseline, alive together, rounds alternating)
     t = time.perf_counter()
     if args.measurements:
-        meas_path = Path(args.measurements)
+        meas_paths = [Path(x) for x in args.measurements.split(",") if x]
     else:
-        meas_path = workdir / "measurements.jsonl"
-        meas_path.write_text("")
-        groups: dict[str, dict] = {"baseline": {"spec": None, "cases": list(cases)}}
+        meas_paths = [workdir / "measurements.jsonl"]
+        meas_paths[0].write_text("")
+        groups: dict[str, dict] = {}
         for c in cases:
             spec = ({"method": "ngram", "num_speculative_tokens": c.k, "prompt_lookup_min": 2,
                      "prompt_lookup_max": 5} if c.method == "ngram" else
@@ -595,14 +663,15 @@ def main(args: argparse.Namespace) -> int:
             groups.setdefault(c.engine_label, {"spec": spec, "cases": []})["cases"].append(c)
         for label, g in groups.items():
             plan = {"phase": "measure", "label": label, "model": model, "compiled": args.compiled,
-                    "kv_gib": args.kv_cache_space_gib, "out": str(meas_path), "speculative_config": g["spec"],
-                    "max_wait_quiet_s": args.max_wait_quiet,
+                    "kv_gib": args.kv_cache_space_gib, "out": str(meas_paths[0]),
+                    "engines": {"baseline": None, label: g["spec"]}, "max_wait_quiet_s": args.max_wait_quiet,
                     "workloads": [dict(dataclasses.asdict(c), prompts=c.prompts[:c.concurrency * c.rounds])
                                   for c in g["cases"]]}
-            rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log)
+            rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log, args.lock)
             if rc != 0:
-                print(f"measurement engine {label} failed (exit {rc}); see {log}", file=sys.stderr)
-    measurements = [json.loads(line) for line in meas_path.read_text().splitlines() if line.strip()]
+                print(f"measurement engines {label} failed (exit {rc}); see {log}", file=sys.stderr)
+    measurements = pool_measurements([json.loads(line) for path in meas_paths
+                                      for line in path.read_text().splitlines() if line.strip()])
     phase_s["measure"] = time.perf_counter() - t
 
     # 3. fit + predict + compare

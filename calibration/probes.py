@@ -289,6 +289,11 @@ class ProbeConfig:
     # then probe one at a time while the others wait idle; an engine start (torch.compile, CUDA-graph capture) is
     # mostly host work, so starting them together takes about one start instead of one per engine
     parallel_starts: bool | None = None
+    # None: on the CPU (in-process engines), all engines of the plan start together and their timing tasks
+    # alternate between them in round pairs (:func:`interleaved_tasks`), so slow drift of the host's speed hits
+    # baseline, verify and speculative timings alike instead of whichever engine ran last
+    engines_together: bool | None = None
+    second_cycle_k: int | None = None  # model drafters: whole cycles also at this k (per-forward scaling of a cycle)
     kv_cache_memory_gib: float | None = None  # GPU KV cache per engine (vLLM's kv_cache_memory_bytes); None: vLLM
     # sizes it from gpu_memory_utilization, except with parallel starts (profiling sees the other engines' memory)
     # acceptance
@@ -316,6 +321,8 @@ class ProbeConfig:
             max_model_len=self.max_model_len or int(2 ** np.ceil(np.log2(need_len))),
             guard_contention=(not on_gpu) if self.guard_contention is None else self.guard_contention,
             isolate_engines=on_gpu if self.isolate_engines is None else self.isolate_engines,
+            engines_together=(not on_gpu and not self.isolate_engines) if self.engines_together is None
+            else self.engines_together,
             parallel_starts=(on_gpu and (self.isolate_engines is not False)) if self.parallel_starts is None
             else self.parallel_starts,
             kv_cache_space_gib=None if on_gpu else self.kv_cache_space_gib,
@@ -445,11 +452,47 @@ def load_prompts(path: str | Path | None = None, structures: Iterable[str] | Non
 # --------------------------------------------------------------------------- vLLM helpers
 
 
+_LIVE_ENGINES = [0]  # engines started by :func:`start_engine` in this process and not stopped yet
+
+
+def _vllm_collectors() -> list:
+    """The vLLM collectors registered in prometheus' global registry now. Each engine's stat logger unregisters
+    the ones before it (``vllm.v1.metrics.prometheus.unregister_vllm_metrics``) and keeps counting into its own, so
+    an engine started after another must read its own collectors, not ``LLM.get_metrics()``."""
+    from prometheus_client import REGISTRY
+
+    return [c for c in list(REGISTRY._collector_to_names) if str(getattr(c, "_name", "")).startswith("vllm:")]
+
+
+def _own_metrics(llm) -> list:
+    """``llm.get_metrics()`` read from the collectors this engine registered at start (:func:`start_engine`), in
+    vLLM's ``Metric`` form (``vllm.v1.metrics.reader``); the global registry when they are unknown."""
+    collectors = getattr(llm, "_specadvisor_collectors", None)
+    if not collectors or _LIVE_ENGINES[0] < 2:  # one engine: the registry holds exactly its collectors
+        return llm.get_metrics()
+    from prometheus_client import CollectorRegistry
+    from vllm.v1.metrics import reader
+
+    registry = CollectorRegistry(auto_describe=True)
+    for c in collectors:
+        try:
+            registry.register(c)
+        except ValueError:  # a name registered twice: keep the first
+            pass
+    saved = reader.REGISTRY
+    reader.REGISTRY = registry
+    try:
+        return reader.get_metrics_snapshot()
+    finally:
+        reader.REGISTRY = saved
+
+
 def read_spec_counters(llm) -> SpecCounters:
-    """Current values of vLLM's spec-decode counters and its iteration histogram (``LLM.get_metrics()``, needs
-    ``disable_log_stats=False``); the same names in vLLM 0.24 and 0.32."""
+    """Current values of this engine's spec-decode counters and its iteration histogram (``LLM.get_metrics()``,
+    needs ``disable_log_stats=False``; :func:`_own_metrics` when several engines live in this process); the same
+    names in vLLM 0.24 and 0.32."""
     c = SpecCounters()
-    for m in llm.get_metrics():
+    for m in _own_metrics(llm):
         name = m.name
         if name == "vllm:spec_decode_num_drafts":
             c.num_drafts += int(m.value)
@@ -516,11 +559,18 @@ def start_engine(settings: dict, speculative_config: dict | None = None):
         kwargs["gpu_memory_utilization"] = settings["gpu_memory_utilization"]
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
-    return llm, time.perf_counter() - t0
+    startup = time.perf_counter() - t0
+    _LIVE_ENGINES[0] += 1
+    try:
+        llm._specadvisor_collectors = _vllm_collectors()  # this engine's counters (:func:`_own_metrics`)
+    except Exception:
+        pass
+    return llm, startup
 
 
 def stop_engine(llm) -> None:
     """Shut an engine down and free its memory before the next one starts."""
+    _LIVE_ENGINES[0] = max(0, _LIVE_ENGINES[0] - 1)
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:
@@ -739,7 +789,8 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
     3. ``truncated-Nl`` (optional): decode steps of a copy with N layers (per-step vs per-layer overhead).
     4. per drafter: whole speculative cycles over ``cycle_batch_sizes`` (the drafter's own cost: draft model,
        EAGLE head, n-gram lookup), at the synthetic acceptance when one is set; then its acceptance per
-       (structure, temperature) on the probe prompts, in its own engine when the cycles ran synthetic.
+       (structure, temperature) on the probe prompts, in its own engine when the cycles ran synthetic; model
+       drafters also cycles at ``second_cycle_k`` (optional; how a cycle scales with k).
     ``cfg`` must be :meth:`ProbeConfig.resolved`.
     """
     prompts = prompts or {}
@@ -782,6 +833,12 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
             cycles = []
         if cycles or accept or (not timing and "memory" in want):
             plan.append(EnginePlan(d.name(), model, d.speculative_config(model), cycles + accept, d.name()))
+        if timing and cfg.second_cycle_k and cfg.second_cycle_k != d.k and d.method not in ("ngram", "suffix"):
+            d2 = dataclasses.replace(d, k=cfg.second_cycle_k, label=None)
+            rates = None if cfg.synthetic_acceptance is None else synthetic_rates(cfg.synthetic_acceptance, d2.k)
+            plan.append(EnginePlan(d2.name(), model, d2.speculative_config(model, rates),
+                                   [("cycle", b, 0.0) for b in _subset(cfg.cycle_batch_sizes or cfg.batch_sizes)],
+                                   d2.name()))
     return plan
 
 
@@ -803,16 +860,55 @@ def resolve_model_path(path: str, load_format: str) -> str:
 # --------------------------------------------------------------------------- the run
 
 
+def _engine_dict(item: EnginePlan, cfg: ProbeConfig) -> tuple[dict, dict]:
+    """(vLLM settings, the ``engine`` dict every measurement of ``item`` carries)."""
+    settings = cfg.engine_settings(resolve_model_path(item.model, cfg.load_format))
+    return settings, dict(settings, label=item.label, speculative_config=item.speculative_config)
+
+
+def run_task(llm, item: EnginePlan, task: tuple, cfg: ProbeConfig, engine: dict, env: dict,
+             prompts: dict[str, list[str]], emit: MeasurementCallback, tick: Callable[[str], None],
+             rng: random.Random) -> None:
+    """One task of ``item`` (see :class:`EnginePlan`) on its running engine ``llm``."""
+    spec = item.speculative_config
+    if task[0] == "step":
+        _, b, w, t = task
+        marker = None
+        if spec is not None:
+            from .proposers import width_marker
+
+            marker = width_marker(w)
+        m = measure_step_time(llm, item.label, b, w + 1, cfg, engine, env, rng, temperature=t, width_marker=marker)
+        emit(m)
+        tick(f"{item.label}: B={b} q={w + 1} T={t:g} step {m.step_s * 1e3:.2f} ms")
+    elif task[0] == "cycle":
+        _, b, t = task
+        k = int(spec["num_speculative_tokens"])
+        m = measure_step_time(llm, item.label, b, k + 1, cfg, engine, env, rng, temperature=t, kind="cycle",
+                              repetitive=(spec or {}).get("method") in ("ngram", "suffix"))
+        emit(m)
+        tick(f"{item.label}: B={b} T={t:g} cycle {m.step_s * 1e3:.2f} ms")
+    elif task[0] == "prefill":
+        _, length, b = task
+        m = measure_prefill(llm, item.label, length, cfg, engine, env, rng, batch_size=b)
+        emit(m)
+        tick(f"{item.label}: prefill {b}x{length} tokens {m.prefill_s * 1e3:.1f} ms")
+    elif task[0] == "accept":
+        _, s, t = task
+        drafter = {d.name(): d for d in cfg.drafters}[item.drafter]
+        m = measure_acceptance(llm, drafter, s, t, prompts[s][: cfg.prompts_per_probe], cfg, engine, env)
+        emit(m)
+        al = f"{m.acceptance_length:.2f}" if m.acceptance_length else "-"
+        tick(f"{item.label}: {s} T={t} AL {al}")
+
+
 def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
                emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random,
                on_ready: Callable[[], None] | None = None) -> None:
     """Start ``item``'s engine here, run its tasks, stop it; each measurement to ``emit`` as it is taken.
     ``on_ready`` is called once the engine is up, before any timing."""
-    drafters = {d.name(): d for d in cfg.drafters}
-    path = resolve_model_path(item.model, cfg.load_format)
-    settings = cfg.engine_settings(path)
+    settings, engine = _engine_dict(item, cfg)
     spec = item.speculative_config
-    engine = dict(settings, label=item.label, speculative_config=spec)
     llm, startup = start_engine(settings, spec)
     try:
         if "memory" in cfg.probes:
@@ -820,40 +916,45 @@ def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str,
         tick(f"{item.label}: started in {startup:.1f}s")
         if on_ready is not None:
             on_ready()
-        copy_drafter = (spec or {}).get("method") in ("ngram", "suffix")
         for task in item.tasks:
-            if task[0] == "step":
-                _, b, w, t = task
-                marker = None
-                if spec is not None:
-                    from .proposers import width_marker
-
-                    marker = width_marker(w)
-                m = measure_step_time(llm, item.label, b, w + 1, cfg, engine, env, rng, temperature=t,
-                                      width_marker=marker)
-                emit(m)
-                tick(f"{item.label}: B={b} q={w + 1} T={t:g} step {m.step_s * 1e3:.2f} ms")
-            elif task[0] == "cycle":
-                _, b, t = task
-                k = int(spec["num_speculative_tokens"])
-                m = measure_step_time(llm, item.label, b, k + 1, cfg, engine, env, rng, temperature=t,
-                                      kind="cycle", repetitive=copy_drafter)
-                emit(m)
-                tick(f"{item.label}: B={b} T={t:g} cycle {m.step_s * 1e3:.2f} ms")
-            elif task[0] == "prefill":
-                _, length, b = task
-                m = measure_prefill(llm, item.label, length, cfg, engine, env, rng, batch_size=b)
-                emit(m)
-                tick(f"{item.label}: prefill {b}x{length} tokens {m.prefill_s * 1e3:.1f} ms")
-            elif task[0] == "accept":
-                _, s, t = task
-                m = measure_acceptance(llm, drafters[item.drafter], s, t, prompts[s][: cfg.prompts_per_probe],
-                                       cfg, engine, env)
-                emit(m)
-                al = f"{m.acceptance_length:.2f}" if m.acceptance_length else "-"
-                tick(f"{item.label}: {s} T={t} AL {al}")
+            run_task(llm, item, task, cfg, engine, env, prompts, emit, tick, rng)
     finally:
         stop_engine(llm)
+
+
+def interleaved_tasks(plan: list[EnginePlan]) -> list[tuple[int, tuple]]:
+    """(engine index, task) in the order engines alive together run them: the timing tasks (steps, cycles,
+    prefill) in rounds of one task per engine, every second round in reverse engine order (round pairs A B C,
+    C B A: a linear drift of the host's speed weighs on every engine alike), then the acceptance tasks, engine by
+    engine (counters, not timings)."""
+    timing = [[t for t in item.tasks if t[0] != "accept"] for item in plan]
+    order: list[tuple[int, tuple]] = []
+    for r in range(max((len(t) for t in timing), default=0)):
+        engines = range(len(plan)) if r % 2 == 0 else reversed(range(len(plan)))
+        order += [(i, timing[i][r]) for i in engines if r < len(timing[i])]
+    order += [(i, t) for i, item in enumerate(plan) for t in item.tasks if t[0] == "accept"]
+    return order
+
+
+def run_engines_together(plan: list[EnginePlan], cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
+                         emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random) -> None:
+    """Start every engine of ``plan`` in this process, run their tasks in :func:`interleaved_tasks` order (one
+    engine working at a time, the others idle), stop them all."""
+    running: list[tuple[Any, dict]] = []
+    try:
+        for item in plan:
+            settings, engine = _engine_dict(item, cfg)
+            llm, startup = start_engine(settings, item.speculative_config)
+            running.append((llm, engine))
+            if "memory" in cfg.probes:
+                emit(measure_memory(llm, item.label, startup, item.speculative_config is not None, engine, env))
+            tick(f"{item.label}: started in {startup:.1f}s")
+        for i, task in interleaved_tasks(plan):
+            llm, engine = running[i]
+            run_task(llm, plan[i], task, cfg, engine, env, prompts, emit, tick, rng)
+    finally:
+        for llm, _ in running:
+            stop_engine(llm)
 
 
 MEASUREMENT_TYPES = {"memory": MemoryMeasurement, "step_time": StepTiming, "prefill": PrefillTiming,
@@ -1081,7 +1182,8 @@ def run_probes(
     engines: Iterable[str] | None = None,
 ) -> CalibrationResult:
     """Run the probe plan (:func:`plan_engines`); one engine probing at a time (isolated engines may start
-    together: ``ProbeConfig.parallel_starts``).
+    together: ``ProbeConfig.parallel_starts``; in-process engines may all live together, their timings
+    interleaved: ``ProbeConfig.engines_together``).
 
     ``progress(done, total, message)`` is called after every step (an engine start counts as one);
     ``on_measurement(m)`` with each measurement as soon as it is taken. Raises :class:`ProbeRunError`
@@ -1123,6 +1225,9 @@ def run_probes(
             for group in start_groups(plan, cfg, memory):
                 stage = "engine " + ", ".join(item.label for item in group)
                 _run_group_isolated(group, cfg, env, prompts, emit, tick, gpu=memory is not None)
+        elif cfg.engines_together:
+            stage = "engines " + ", ".join(item.label for item in plan)
+            run_engines_together(plan, cfg, env, prompts, emit, tick, rng)
         else:
             for item in plan:
                 stage = f"engine {item.label}"

@@ -12,7 +12,10 @@ def _plan():
 def test_closed_loop_runs_the_product_plan_with_its_extra_engines():
     cfg, plan = _plan()
     labels = [e.label for e in plan]
-    assert labels == ["target", "verify-k4", "truncated-8l", "ngram-k4", "draft_model-self-k4"]
+    assert labels == ["target", "verify-k4", "truncated-8l", "ngram-k4", "draft_model-self-k4",
+                      "draft_model-self-k2"]
+    assert [t for t in plan[5].tasks] == [("cycle", b, 0.0) for b in (1, 4, 8)]  # a cycle's scaling with k
+    assert cfg.engines_together and not cfg.isolate_engines  # timings interleaved over engines alive together
     verify = plan[1].tasks
     # speculative steps without drafts (width 0) and verify steps, greedy and sampled
     assert {(w, t) for _, _, w, t in verify} == {(0, 0.0), (4, 0.0), (0, 0.8), (4, 0.8)}

@@ -146,7 +146,21 @@ def test_cpu_defaults_stay_eager_and_in_process():
 
     cfg = ProbeConfig(batch_sizes=(1, 4, 32)).resolved(on_gpu=False)
     assert cfg.enforce_eager is True and not cfg.isolate_engines and cfg.guard_contention
+    assert cfg.engines_together and not ProbeConfig().resolved(on_gpu=True).engines_together
     assert cfg.max_num_seqs == 32  # the largest batch is really co-scheduled
+
+
+def test_engines_together_alternate_their_timings_in_round_pairs():
+    from calibration.probes import EnginePlan, interleaved_tasks
+
+    plan = [EnginePlan("a", "/m", None, [("step", 1, 0, 0.0), ("step", 2, 0, 0.0), ("prefill", 64, 1)]),
+            EnginePlan("b", "/m", {}, [("cycle", 1, 0.0), ("accept", "code", 0.0), ("cycle", 2, 0.0)]),
+            EnginePlan("c", "/m", {}, [("accept", "sql", 0.0)])]
+    assert interleaved_tasks(plan) == [
+        (0, ("step", 1, 0, 0.0)), (1, ("cycle", 1, 0.0)),  # round 1: a b
+        (1, ("cycle", 2, 0.0)), (0, ("step", 2, 0, 0.0)),  # round 2: b a
+        (0, ("prefill", 64, 1)),
+        (1, ("accept", "code", 0.0)), (2, ("accept", "sql", 0.0))]  # acceptance after every timing
 
 
 def test_synthetic_rates_are_unconditional():
