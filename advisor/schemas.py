@@ -446,6 +446,7 @@ class StepTimeFitSchema(StrictSchema):
     rejection_sampling_s_per_seq = _number(0.0, 1.0)
     rejection_sampling_s_per_draft = _number(0.0, 1.0)
     draft_sampling_s_per_token = _number(0.0, 1.0)
+    timing_rms_rel = _number(0.0, 2.0)
 
 
 class PrefillFitSchema(StrictSchema):

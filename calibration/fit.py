@@ -352,6 +352,7 @@ def fit_step_time(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, weight
     cov3 = [[float(cov[i, j]) if i is not None and j is not None else 0.0 for j in idx] for i in idx]
     fitted = dataclasses.replace(fitted, covariance=cov3, source=SOURCE, **overhead_log_stds(free, x, cov, res))
     pred = predict_points(points, gpu, fitted, weights_dtype)
+    fitted = dataclasses.replace(fitted, timing_rms_rel=float(np.sqrt(np.mean(np.square((pred - t) / t)))))
     rows = [{"kind": p.kind, "model": p.model.name, "batch": int(p.batch), "q": int(p.q), "context": p.context,
              "temperature": p.temperature, "measured_s": float(p.seconds), "predicted_s": float(pr),
              "method": p.method if p.kind == "cycle" else None, "draft_fraction": p.draft_fraction}

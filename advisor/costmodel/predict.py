@@ -248,15 +248,18 @@ def _k_max(ctx: Context) -> int:
 
 
 @lru_cache(maxsize=8)
-def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The standard-normal draws of the seeded Monte Carlo (acceptance coefficients, step-time parameters, then the
-    verify / proposer / per-sequence overheads): what sample_coefficients(), StepSamples.sample() and
-    StepSamples.with_overheads() draw from a fresh default_rng(MC_SEED), drawn once."""
+def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The standard-normal draws of the seeded Monte Carlo (acceptance coefficients, step-time parameters, the
+    verify / proposer / per-sequence overheads, then the timing residual of the baseline step and the cycle): what
+    sample_coefficients(), StepSamples.sample(), StepSamples.with_overheads() and
+    StepSamples.with_timing_spread() draw from a fresh default_rng(MC_SEED), drawn once."""
     rng = np.random.default_rng(MC_SEED)
     z_acc, z_step = rng.standard_normal((samples, 3)), rng.standard_normal((samples, 3))
     z_over = rng.standard_normal((samples, 5))
-    z_acc.flags.writeable = z_step.flags.writeable = z_over.flags.writeable = False
-    return z_acc, z_step, z_over
+    z_time = rng.standard_normal((samples, 2))  # drawn last: the draws before it do not move
+    for z in (z_acc, z_step, z_over, z_time):
+        z.flags.writeable = False
+    return z_acc, z_step, z_over, z_time
 
 
 def _step_samples(params: StepTimeParams, samples: int) -> StepSamples:
@@ -297,10 +300,11 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         r = per_position_rates(acc, temperature, width)[None, :]
         step = StepSamples.point(ctx.target_step)
     else:
-        z_acc, _, z_over = _mc_normals(samples)
+        z_acc, _, z_over, z_time = _mc_normals(samples)
         coeffs = coefficients_from_normals(acc, z_acc)
         r = per_position_rates(acc, temperature, width, coeffs)
-        step = _step_samples(ctx.target_step, samples).with_overheads(ctx.target_step, ctx.draft_step, z_over)
+        step = _step_samples(ctx.target_step, samples).with_overheads(ctx.target_step, ctx.draft_step, z_over) \
+            .with_timing_spread(ctx.target_step, z_time)
     fraction = np.full(samples, draft_fraction_at(acc, temperature))
     if samples > 1 and setup.method in COPY_DRAFTERS and not ctx.draft_fraction_given:
         fraction = sample_draft_fraction(float(fraction[0]), z_over[:, 4])  # row 0 stays the point

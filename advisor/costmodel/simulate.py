@@ -34,7 +34,7 @@ import numpy as np
 
 from .memory import GB, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from .speculation import COPY_PROPOSER_S_PER_SEQ, MODEL_DRAFTERS
-from .steptime import ALLREDUCE_LATENCY_S, ForwardCost, weight_bytes_read
+from .steptime import ALLREDUCE_LATENCY_S, ForwardCost, forward_time_s, weight_bytes_read
 from .types import CostModelError, PrefillParams, StepTimeParams
 
 MAX_REQUESTS = 20_000  # bound on requests per simulation (bad input beyond this is refused)
@@ -172,6 +172,7 @@ class _StepClock:
         self.k = spec.k if spec else 0
         self.f = spec.draft_fraction if spec else 0.0
         self.draft = model.draft if spec and spec.method in MODEL_DRAFTERS else None
+        self.catch_up = bool(spec and spec.method == "draft_model")
         self.draft_step = model.draft_step or s
         self.copy_s_per_seq = COPY_PROPOSER_S_PER_SEQ.get(spec.method, 0.0) if spec else 0.0
         self.inv_f_draft_prefill = 1.0 / (self.draft.peak_flops_per_s * p.compute_efficiency) if self.draft else 0.0
@@ -240,6 +241,8 @@ class _StepClock:
         p = ds.roofline_sharpness
         one = (mem ** p + comp ** p) ** (1.0 / p) + d.num_layers * ds.per_layer_overhead_s + self._allreduce(d, batch)
         t = self.k * (ds.proposer_overhead_s + one)
+        if self.catch_up:  # the first draft-model forward spans the k + 2 tokens just verified (drafter_time_s)
+            t += float(forward_time_s(d, ds, batch, self.k + 2.0, ctx) - forward_time_s(d, ds, batch, 1.0, ctx))
         if self.hot:
             t += ds.draft_sampling_s_per_token * self.k * batch
         return t

@@ -1,6 +1,7 @@
 """The speculative cycle, TPOT, request latency and speedup over a grid of (samples × concurrency × k).
 
 T_cycle(B, k) = t_fixed + t_verify_extra + t_target(B, 1 + f·k·w) + t_draft(B, k) + B·t_seq   (design.md §3)
+  (t_draft of a draft model: k forwards, the first over the k·w + 2 tokens just verified: vLLM's catch-up)
   (w = tree width: 1 for vLLM's chains; (verify tokens − 1)/k for SGLang/EAGLE/Medusa trees)
 TPOT_spec = T_cycle / τ(k),  τ(k) = 1 + f·Σ_{i<k} r_i tokens per cycle       (design.md §2; f = drafting fraction)
 L(B) = TTFT + (B − 1)·t_prefill_compute + (O − 1)·TPOT(B)   the first token comes from prefill; the other B−1
@@ -62,6 +63,9 @@ class StepSamples:
     proposer_scale: np.ndarray | float = 1.0
     sequence_scale: np.ndarray | float = 1.0
     eager_drafter: np.ndarray | float = 0.0  # 1 where the drafter runs without CUDA graphs
+    # multiplicative draws of the whole baseline step and speculative cycle: the calibration's timing residual
+    base_scale: np.ndarray | float = 1.0
+    cycle_scale: np.ndarray | float = 1.0
 
     def with_overheads(self, target: StepTimeParams, draft: StepTimeParams, std_normal: np.ndarray) -> StepSamples:
         """Log-normal draws of the overheads (σ from the parameters) and whether the drafter runs eagerly (with the
@@ -75,6 +79,17 @@ class StepSamples:
         eager[0] = 0.0
         return replace(self, verify_scale=scale[:, 0].reshape(shape), proposer_scale=scale[:, 1].reshape(shape),
                        sequence_scale=scale[:, 2].reshape(shape), eager_drafter=eager.reshape(shape))
+
+    def with_timing_spread(self, params: StepTimeParams, std_normal: np.ndarray) -> StepSamples:
+        """Log-normal draws (σ = ``params.timing_rms_rel``) of the baseline step and of the speculative cycle, from
+        std_normal (S, 2), independent: each is a fitted time that lands that far from its measurement run to run
+        (the fit's rms relative residual); row 0 = the point estimate."""
+        if params.timing_rms_rel <= 0:
+            return self
+        z = np.array(std_normal, dtype=float)
+        z[0] = 0.0
+        scale = np.exp(params.timing_rms_rel * z).reshape(z.shape[0], 1, 2)
+        return replace(self, base_scale=scale[:, :, :1], cycle_scale=scale[:, :, 1:])
 
     @staticmethod
     def point(params: StepTimeParams) -> StepSamples:
@@ -146,7 +161,15 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
         one = forward_time_s(setup.draft, ds, batch, setup.tree_width, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
         eager = samples.eager_drafter * ds.eager_layer_overhead_s * setup.draft.num_layers
         per_forward = ds.proposer_overhead_s * samples.proposer_scale + eager + one
-        return ks * per_forward + draft_sampling_s(ds, ks * batch * setup.tree_width, setup.temperature)
+        total = ks * per_forward + draft_sampling_s(ds, ks * batch * setup.tree_width, setup.temperature)
+        if setup.method == "draft_model":
+            # catch-up: the cycle's first draft-model forward runs over every token the target just verified plus
+            # the sampled one, k·w + 2 per sequence, not 1 (vLLM DraftModelProposer: llm_base_proposer.propose /
+            # set_inputs_first_pass with the padded drafter batch, vLLM ≥ 0.12)
+            wide = forward_time_s(setup.draft, ds, batch, ks * setup.tree_width + 2.0, ctx, eta_bw=samples.eta_bw,
+                                  eta_f=samples.eta_f)
+            total = total + wide - one
+        return total
     if setup.method == "medusa":
         heads = medusa_heads_time_s(setup.target, batch, samples.eta_bw)
         return ds.proposer_overhead_s * samples.proposer_scale + heads + 0.0 * ks
@@ -204,7 +227,7 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
     q[:, :, 0] = 1.0
     np.add(1.0, f * k * width, out=q[:, :, 1:])
     fwd = forward_time_s(setup.target, ts, b, q, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
-    step_base = samples.fixed_s + fwd[:, :, :1]
+    step_base = (samples.fixed_s + fwd[:, :, :1]) * samples.base_scale
     # Prefill: own TTFT, plus the others' prompts interleaved into this request's decode (compute only).
     p = setup.prompt_tokens
     prefill_eta_f = setup.target_prefill.compute_efficiency * samples.eta_f / ts.compute_efficiency
@@ -220,7 +243,8 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
             ttft_spec[i], inter_spec[i] = _spec_prefill(d, ttft_base, inter_base, b, samples)
     verify = (ts.verify_overhead_s * samples.verify_scale + fwd[:, :, 1:]  # + sampling at T > 0: per sequence and
               + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature))  # per draft position
-    cycle = samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s * samples.sequence_scale
+    cycle = (samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s * samples.sequence_scale) \
+        * samples.cycle_scale
     tpot_base = step_base
     tpot_spec = cycle / tokens
 

@@ -187,6 +187,10 @@ class StepTimeParams:
     # probability that it does (sampled for the interval; the point estimate is graph-captured).
     eager_layer_overhead_s: float = 0.0
     eager_probability: float = 0.0
+    # Relative rms of the calibration's step-time fit residuals (measured vs fitted steps and cycles): how far a
+    # step time of this engine lands from the fit, run to run; the interval samples the baseline step and the
+    # speculative cycle each with this log-normal spread. 0 when uncalibrated (the priors carry the doubt).
+    timing_rms_rel: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
