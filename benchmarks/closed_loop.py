@@ -9,7 +9,8 @@
 2. **predict** -- :func:`advisor.costmodel.predict` for each held-out workload (``WORKLOADS``: user-style prompts
    written here, not from ``calibration/prompts``; structures, temperatures, k and concurrency the probes did not
    run), from the catalog specs (``CPU-2core``, ``smollm2-135m-instruct``) and that calibration only.
-3. **measure** -- the same prompts with vLLM: a baseline engine and one speculative engine per (method, k);
+3. **measure** -- the same prompts with vLLM: per (method, k) a speculative engine and the baseline engine alive
+   together, each round of B prompts run on both, the order alternating (host drift cancels in the ratio);
    concurrency B = B simultaneous requests (``LLM.generate`` of B prompts), up to ``output_tokens`` each, stopping
    at EOS; speedup = (Σ wall / Σ generated tokens) of the baseline over that of the speculative engine (at T = 0
    both generate the same tokens, so this is the wall-time ratio). The prediction takes the prompt and output
@@ -19,7 +20,7 @@ Prints predicted vs measured speedup, TPOT and AL (vLLM's 1 + A/N over drafted s
 relative speedup error (target ≤ 10 %). Engines start in child processes (``python -m benchmarks.closed_loop
 --engine-phase …``) with the CPU engine environment (``calibration.vllm_cpu.env``); the parent needs only numpy,
 scipy and the advisor package, so it may run in a venv without vLLM (``--vllm-python`` names the interpreter that
-has vLLM). One engine at a time. See docs/closed-loop.md.
+has vLLM). ``--lock FILE`` runs each engine phase under an exclusive flock of FILE. See docs/closed-loop.md.
 """
 from __future__ import annotations
 
