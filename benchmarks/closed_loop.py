@@ -376,23 +376,23 @@ def default_vllm_python() -> str:
     return sys.executable
 
 
-def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path, lock: str | None = None) -> int:
-    """One engine phase in a child process; with ``lock``, under an exclusive ``flock`` of that file (machines
-    whose CPUs other jobs share by such a lock: the phase's timings then run alone)."""
+def cpu_lock(lock: str | None, label: str):
+    """An exclusive ``flock`` of ``lock`` held for the ``with`` block (nothing without one): a benchmark phase's
+    engines then run alone on a machine whose CPUs other jobs share by such a lock."""
     import contextlib
     import fcntl
 
-    with contextlib.ExitStack() as stack:
-        if lock:
-            fd = stack.enter_context(open(lock, "a"))
-            t = time.perf_counter()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            stack.callback(fcntl.flock, fd, fcntl.LOCK_UN)
-            print(f"[{plan['label']}] lock {lock} held after {time.perf_counter() - t:.0f} s", file=sys.stderr)
-        return _run_child_unlocked(python, plan, workdir, kv_gib, log)
+    stack = contextlib.ExitStack()
+    if lock:
+        fd = stack.enter_context(open(lock, "a"))
+        t = time.perf_counter()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        stack.callback(fcntl.flock, fd, fcntl.LOCK_UN)
+        print(f"[{label}] lock {lock} held after {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    return stack
 
 
-def _run_child_unlocked(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -> int:
+def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -> int:
     from calibration.vllm_cpu.env import cpu_engine_env, find_iomp, find_tcmalloc
 
     from calibration.contention import wait_others_quiet
@@ -639,7 +639,8 @@ def main(args: argparse.Namespace) -> int:
                 "smoke": args.smoke,
                 "kv_gib": args.kv_cache_space_gib, "out": str(records_path), "max_wait_quiet_s": args.max_wait_quiet,
                 "split_out": str(workdir / "calibration-split.json")}
-        rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log, args.lock)
+        with cpu_lock(args.lock, "calibrate"):
+            rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log)
         if rc != 0:
             print(f"calibration failed (exit {rc}); see {log}", file=sys.stderr)
             return 2
@@ -662,15 +663,16 @@ def main(args: argparse.Namespace) -> int:
                     {"method": "draft_model", "model": model, "num_speculative_tokens": c.k,
                      "draft_sample_method": "probabilistic"})
             groups.setdefault(c.engine_label, {"spec": spec, "cases": []})["cases"].append(c)
-        for label, g in groups.items():
-            plan = {"phase": "measure", "label": label, "model": model, "compiled": args.compiled,
-                    "kv_gib": args.kv_cache_space_gib, "out": str(meas_paths[0]),
-                    "engines": {"baseline": None, label: g["spec"]}, "max_wait_quiet_s": args.max_wait_quiet,
-                    "workloads": [dict(dataclasses.asdict(c), prompts=c.prompts[:c.concurrency * c.rounds])
-                                  for c in g["cases"]]}
-            rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log, args.lock)
-            if rc != 0:
-                print(f"measurement engines {label} failed (exit {rc}); see {log}", file=sys.stderr)
+        with cpu_lock(args.lock, "measure"):  # every engine pair in one hold: no other job between them
+            for label, g in groups.items():
+                plan = {"phase": "measure", "label": label, "model": model, "compiled": args.compiled,
+                        "kv_gib": args.kv_cache_space_gib, "out": str(meas_paths[0]),
+                        "engines": {"baseline": None, label: g["spec"]}, "max_wait_quiet_s": args.max_wait_quiet,
+                        "workloads": [dict(dataclasses.asdict(c), prompts=c.prompts[:c.concurrency * c.rounds])
+                                      for c in g["cases"]]}
+                rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log)
+                if rc != 0:
+                    print(f"measurement engines {label} failed (exit {rc}); see {log}", file=sys.stderr)
     measurements = pool_measurements([json.loads(line) for path in meas_paths
                                       for line in path.read_text().splitlines() if line.strip()])
     phase_s["measure"] = time.perf_counter() - t
