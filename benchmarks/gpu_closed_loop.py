@@ -127,7 +127,7 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1) -> i
         key = "engine start" if "started in" in msg else "probes"
         splits[key] = splits.get(key, 0.0) + (now - last[0])
         last[0] = now
-        print(f"[calibrate {done}/{total}] {msg}", file=sys.stderr, flush=True)
+        print(f"[calibrate {done}/{total} +{now - t0:.1f}s] {msg}", file=sys.stderr, flush=True)
 
     with out.open("w") as f:
         def emit(m) -> None:
@@ -332,12 +332,20 @@ def tensor_parallel_size(records: list[dict]) -> int:
     return max(int(r["params"]["engine"].get("tensor_parallel_size") or 1) for r in records)
 
 
-def analyze(workdir: Path, out_json: Path | None = None) -> int:
+def measurement_rows(workdir: Path) -> list[dict]:
+    """The measured rows; a (engine, batch size) measured again (an engine case redone after a time limit stopped
+    it) keeps its last row."""
+    rows = {(r["engine"], r["batch_size"]): r for r in load_jsonl(workdir / "measurements.jsonl")}
+    return list(rows.values())
+
+
+def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None) -> int:
+    """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run)."""
     from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
     gpu, target, draft = catalog_specs()
-    records = calibration_records(workdir)
+    records = calibration_records(calibration_dir or workdir)
     cal, results = build_gpu_calibration(records, gpu, target, draft)
     tp = tensor_parallel_size(records)
     step_fit = results[f"step_time:{target.name}"]
@@ -345,7 +353,7 @@ def analyze(workdir: Path, out_json: Path | None = None) -> int:
     for row in step_fit.points:
         print(f"  {row['kind']:6} B={row['batch']:3} q={row['q']} T={row['temperature']:g} measured "
               f"{1e3 * row['measured_s']:.2f} ms predicted {1e3 * row['predicted_s']:.2f} ms")
-    rows = load_jsonl(workdir / "measurements.jsonl")
+    rows = measurement_rows(workdir)
     base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
     base_wall = {r["batch_size"]: _wall_s(r) for r in rows if r["engine"] == "baseline"}
     points: list[Point] = []
@@ -443,6 +451,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="analyze: the run whose calibration predicts --workdir's measurements (default: the same)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -460,7 +470,7 @@ def main(args: argparse.Namespace) -> int:
     if args.phase == "profile":
         print(json.dumps(write_profile(args.workdir.resolve()), indent=1))
         return 0
-    return analyze(args.workdir, args.out_json)
+    return analyze(args.workdir, args.out_json, args.calibration)
 
 
 if __name__ == "__main__":
