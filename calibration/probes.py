@@ -939,22 +939,32 @@ def interleaved_tasks(plan: list[EnginePlan]) -> list[tuple[int, tuple]]:
 def run_engines_together(plan: list[EnginePlan], cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
                          emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random) -> None:
     """Start every engine of ``plan`` in this process, run their tasks in :func:`interleaved_tasks` order (one
-    engine working at a time, the others idle), stop them all."""
+    engine working at a time, the others idle), stop them all. An engine that fails to start ends the starts; the
+    engines already up still run their tasks (a run that dies keeps what it could measure), then the error is
+    raised."""
     running: list[tuple[Any, dict]] = []
+    failed: BaseException | None = None
     try:
         for item in plan:
             settings, engine = _engine_dict(item, cfg)
-            llm, startup = start_engine(settings, item.speculative_config)
+            try:
+                llm, startup = start_engine(settings, item.speculative_config)
+            except Exception as exc:
+                failed = exc
+                break
             running.append((llm, engine))
             if "memory" in cfg.probes:
                 emit(measure_memory(llm, item.label, startup, item.speculative_config is not None, engine, env))
             tick(f"{item.label}: started in {startup:.1f}s")
-        for i, task in interleaved_tasks(plan):
+        for i, task in interleaved_tasks(plan[:len(running)]):
             llm, engine = running[i]
             run_task(llm, plan[i], task, cfg, engine, env, prompts, emit, tick, rng)
     finally:
         for llm, _ in running:
             stop_engine(llm)
+    if failed is not None:
+        name = plan[len(running)].label
+        raise RuntimeError(f"engine {name} failed to start: {type(failed).__name__}: {failed}") from failed
 
 
 MEASUREMENT_TYPES = {"memory": MemoryMeasurement, "step_time": StepTiming, "prefill": PrefillTiming,

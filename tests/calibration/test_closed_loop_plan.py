@@ -36,3 +36,19 @@ def test_held_out_workloads_share_no_prompt_with_the_calibration():
     for case in closed_loop.workloads():
         for prompt in case.prompts:
             assert not any(prompt[:80] in p or p[:80] in prompt for p in probed), (case.name, prompt[:40])
+
+
+def test_stored_run_reanalysed_gives_the_documented_figures():
+    """docs/closed-loop.md's product-plan run, re-fitted and re-predicted from its stored records and measurements."""
+    import json
+
+    from tests.conftest import REPO
+
+    data = REPO / "benchmarks" / "data"
+    load = lambda name: [json.loads(x) for x in (data / name).read_text().splitlines() if x.strip()]  # noqa: E731
+    results, _ = closed_loop.compare(closed_loop.workloads(), load("closed_loop_2026-12-01-plan-measurements.jsonl"),
+                                     load("closed_loop_2026-12-01-plan-records.jsonl"))
+    assert len(results) == 9
+    assert round(100 * closed_loop.median_abs_error(results), 1) == 6.8
+    assert sum(r.predicted_low <= r.measured_speedup <= r.predicted_high for r in results) == 9
+    assert [r.name for r in results if (r.predicted_speedup > 1) != (r.measured_speedup > 1)] == ["json-b3"]
