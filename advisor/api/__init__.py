@@ -34,7 +34,10 @@ class BoundedParser(FlaskParser):
         data = req.get_data(cache=True)
         if not data:
             return core.missing
-        try:
+        parsed = req.get_json(silent=True)  # the app's bounded loader, parsed once per request (Flask caches it)
+        if parsed is not None:
+            return parsed
+        try:  # invalid (or a JSON null): parse again for the message
             return loads_bounded(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise BadRequest(f"Invalid JSON body: {str(exc)[:200]}.") from None
