@@ -45,6 +45,7 @@ class BoundedParser(FlaskParser):
 
 class Blueprint(flask_smorest.Blueprint):
     ARGUMENTS_PARSER = BoundedParser()
+    PAGINATION_ARGUMENTS_PARSER = BoundedParser()  # one page-parameters schema instance, not one per request
 
     def paginate(self, pager=None, **kwargs):  # noqa: ANN001, ANN201
         """flask-smorest's pagination with ``page`` bounded (parsed and documented), so OFFSET cannot overflow."""

@@ -179,15 +179,14 @@ def _insert_statements(dialect: str) -> tuple[Any, Any]:
 
 
 def _insert(fingerprint: str, scenario: str, now: Any, values: dict[str, Any]) -> tuple[int, int]:
-    session = db.session
-    connection = session.connection()
-    workload, recommendation = _insert_statements(connection.dialect.name)
+    engine = db.engine
+    workload, recommendation = _insert_statements(engine.dialect.name)
     params = {"w_fingerprint": fingerprint, "w_scenario": scenario, "w_created_at": now, **values}
-    with sqlite_write_lock(connection.engine):
+    with engine.connect() as connection, sqlite_write_lock(engine):  # a Core transaction: no ORM session
         if workload is not None:
             params["workload_id"] = connection.execute(workload, params).scalar_one()
         rec_id, workload_id = connection.execute(recommendation, params).one()
-        session.commit()
+        connection.commit()
     return rec_id, workload_id
 
 
@@ -285,11 +284,13 @@ def filtered(filters: dict[str, Any]) -> Select:
 def summary_page(filters: dict[str, Any], offset: int, limit: int) -> tuple[str, int]:
     """``(a page of the list as JSON text, how many match)``, newest first, in one statement: the stored list
     entries (``summary``) are joined, nothing is parsed or encoded; the count rides along as a scalar subquery
-    (a second statement only for a page past the end)."""
+    (a second statement only for a page past the end). OFFSET skips ids only, and the summaries are read for
+    the page's ids: skipping whole rows made SQLite walk each skipped row's ~12 KB record to its last column."""
     conditions = _conditions(filters)
     count = sa.select(sa.func.count()).select_from(_TABLE).where(*conditions)
-    query = (sa.select(_TABLE.c.id, _TABLE.c.summary, count.scalar_subquery()).where(*conditions)
-             .order_by(_TABLE.c.id.desc()).offset(offset).limit(limit))
+    ids = sa.select(_TABLE.c.id).where(*conditions).order_by(_TABLE.c.id.desc()).offset(offset).limit(limit)
+    query = (sa.select(_TABLE.c.id, _TABLE.c.summary, count.scalar_subquery()).where(_TABLE.c.id.in_(ids))
+             .order_by(_TABLE.c.id.desc()))
     with db.engine.connect() as connection:  # a read: no ORM session
         rows = connection.execute(query).all()
         total = rows[0][2] if rows else connection.execute(count).scalar_one()
