@@ -70,13 +70,15 @@ def _normalise_db_url(url: str) -> str:
 
 def engine_options(url: str, timeout_s: float, pool_size: int) -> dict:
     """SQLAlchemy engine options with time-outs, so a hung database is a 503 in seconds, not a stuck worker."""
-    options: dict = {"pool_pre_ping": True, "json_serializer": _json_dumps_finite}
-    if url.startswith("sqlite"):
+    options: dict = {"json_serializer": _json_dumps_finite}
+    if url.startswith("sqlite"):  # a local file: no connection to go stale, so no ping before each checkout
         # the busy time-out: how long a writer waits for SQLite's lock before "database is locked" (a 503)
         options["connect_args"] = {"timeout": timeout_s}
         return options
     ms = int(timeout_s * 1000)
-    options.update(pool_size=pool_size, max_overflow=2 * pool_size, pool_timeout=timeout_s, pool_recycle=1800)
+    # a server may have dropped a pooled connection (restart, idle time-out): ping it at checkout
+    options.update(pool_pre_ping=True, pool_size=pool_size, max_overflow=2 * pool_size, pool_timeout=timeout_s,
+                   pool_recycle=1800)
     if url.startswith("postgresql"):
         options["connect_args"] = {
             "connect_timeout": max(1, round(timeout_s)),

@@ -199,7 +199,9 @@ def reject_unstorable_strings() -> None:
     """A client string holding NUL or a lone surrogate is a 422 naming where it is, on every backend."""
     from flask import request
 
-    pairs = [*request.args.items(multi=True), *request.form.items(multi=True)]  # repeated keys: every value
+    pairs = [*request.args.items(multi=True)] if request.query_string else []  # repeated keys: every value
+    if request.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        pairs += request.form.items(multi=True)
     body = None
     if request.is_json and request.method in ("POST", "PUT", "PATCH") and request.get_data(cache=True):
         body = request.get_json()  # malformed or abusive JSON is a 400 on every route, those that ignore bodies too

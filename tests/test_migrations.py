@@ -53,3 +53,30 @@ def test_models_match_migrations(empty_engine):
     with empty_engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), db.metadata)
     assert diff == [], f"models and migrations differ; write a migration: {diff}"
+
+
+def test_summary_text_backfill_matches_what_insert_writes(empty_engine, tmp_path):
+    """0005 backfills ``summary`` for rows stored before it; the list then sends what a new row's INSERT wrote."""
+    from advisor import create_app
+    from tests.conftest import example_scenario
+
+    url = empty_engine.url.render_as_string(hide_password=False)
+    app = create_app({"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "INSTANCE_PATH": str(tmp_path)})
+    client = app.test_client()
+    for k, concurrency in ((2, 8), (3, 64)):
+        workload = {**example_scenario()["workload"], "concurrency": concurrency}
+        speculator = {**example_scenario()["speculator"], "num_speculative_tokens": k}
+        assert client.post("/v1/recommendations",
+                           json=example_scenario(workload=workload, speculator=speculator)).status_code == 201
+    written = client.get("/v1/recommendations").json
+    with app.app_context():
+        db.session.remove()
+    downgrade(empty_engine, "0004")
+    assert "summary" not in {c["name"] for c in sa.inspect(empty_engine).get_columns("recommendations")}
+    upgrade(empty_engine)
+    backfilled = client.get("/v1/recommendations").json
+    assert len(backfilled) == 2 and backfilled == written
+    assert isinstance(written[0]["concurrency"], float) and written[0]["created_at"].endswith("+00:00")
+    with app.app_context():
+        db.session.remove()
+        db.engine.dispose()

@@ -34,7 +34,10 @@ class BoundedParser(FlaskParser):
         data = req.get_data(cache=True)
         if not data:
             return core.missing
-        try:
+        parsed = req.get_json(silent=True)  # the app's bounded loader, parsed once per request (Flask caches it)
+        if parsed is not None:
+            return parsed
+        try:  # invalid (or a JSON null): parse again for the message
             return loads_bounded(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise BadRequest(f"Invalid JSON body: {str(exc)[:200]}.") from None
@@ -42,6 +45,7 @@ class BoundedParser(FlaskParser):
 
 class Blueprint(flask_smorest.Blueprint):
     ARGUMENTS_PARSER = BoundedParser()
+    PAGINATION_ARGUMENTS_PARSER = BoundedParser()  # one page-parameters schema instance, not one per request
 
     def paginate(self, pager=None, **kwargs):  # noqa: ANN001, ANN201
         """flask-smorest's pagination with ``page`` bounded (parsed and documented), so OFFSET cannot overflow."""

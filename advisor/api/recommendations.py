@@ -12,7 +12,7 @@ from ..auth import token_required
 from ..schemas import (CompareQuerySchema, CompareSchema, RecommendationQuerySchema, RecommendationSchema,
                        RecommendationSummarySchema, ScenarioSchema)
 from ..services import recommendations as service
-from . import Blueprint, SelectPage
+from . import Blueprint
 
 blp = Blueprint("recommendations", __name__, url_prefix="/v1/recommendations",
                 description="Go / no-go answers for a workload, stored and immutable.")
@@ -25,10 +25,6 @@ def json_response(body: str, status: int) -> Response:
     return current_app.response_class(body, status=status, mimetype="application/json")
 
 
-class SummaryPage(SelectPage):
-    rows = True  # service.filtered selects the stored summary columns, never the answers
-
-
 class ExportQuerySchema(RecommendationQuerySchema):
     format = fields.String(load_default="csv", validate=validate.OneOf(("csv", "json")))
     limit = fields.Integer(load_default=10_000, validate=validate.Range(min=1, max=100_000))
@@ -38,10 +34,12 @@ class ExportQuerySchema(RecommendationQuerySchema):
 class Recommendations(MethodView):
     @blp.arguments(RecommendationQuerySchema, location="query")
     @blp.response(200, RecommendationSummarySchema(many=True))
-    @blp.paginate(SummaryPage)
-    def get(self, filters):
+    @blp.paginate()
+    def get(self, filters, pagination_parameters):
         """List stored recommendations (newest first), filtered by GPU, model, method, decision, date."""
-        return service.filtered(filters)
+        body, pagination_parameters.item_count = service.summary_page(
+            filters, pagination_parameters.first_item, pagination_parameters.page_size)
+        return json_response(body, 200)
 
     @token_required(unless_config="OPEN_RECOMMENDATIONS")
     @blp.arguments(ScenarioSchema)
@@ -83,4 +81,4 @@ class RecommendationById(MethodView):
     @blp.response(200, RecommendationSchema)
     def get(self, rec_id):
         """One stored recommendation: the scenario and the full answer."""
-        return json_response(current_app.json.dumps(service.as_dict(service.get(rec_id))), 200)
+        return json_response(service.get_text(rec_id), 200)

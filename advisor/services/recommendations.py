@@ -130,10 +130,18 @@ def create_with_json(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
         "cost_model_version": answer.get("cost_model_version", costmodel.COST_MODEL_VERSION),
         "calibration_run_id": run_id,
     }
+    values["summary"] = summary_text(values)
     rec_id, workload_id = _insert(fingerprint, canonical, now, values)
-    head = json.dumps({"id": rec_id, "created_at": now.isoformat(), "workload_id": workload_id, "scenario": None})
-    text = head[:-len("null}")] + canonical + ", " + answer_text[1:]
+    text = stored_text(rec_id, now, workload_id, canonical, answer_text)
     return {"id": rec_id, "created_at": now, "workload_id": workload_id, "scenario": data, **answer}, text
+
+
+def stored_text(rec_id: int, created_at: Any, workload_id: int, inputs_text: str, answer_text: str) -> str:
+    """``as_dict``'s shape as JSON text, from the stored JSON texts of the scenario and the answer (neither is
+    parsed nor encoded again): what POST sends and GET by id sends."""
+    head = json.dumps({"id": rec_id, "created_at": created_at.isoformat(), "workload_id": workload_id,
+                       "scenario": None})
+    return head[:-len("null}")] + inputs_text + ", " + answer_text[1:]
 
 
 _RECOMMENDATION_COLUMNS = tuple(c.name for c in Recommendation.__table__.c if c.name not in ("id", "workload_id"))
@@ -171,15 +179,14 @@ def _insert_statements(dialect: str) -> tuple[Any, Any]:
 
 
 def _insert(fingerprint: str, scenario: str, now: Any, values: dict[str, Any]) -> tuple[int, int]:
-    session = db.session
-    connection = session.connection()
-    workload, recommendation = _insert_statements(connection.dialect.name)
+    engine = db.engine
+    workload, recommendation = _insert_statements(engine.dialect.name)
     params = {"w_fingerprint": fingerprint, "w_scenario": scenario, "w_created_at": now, **values}
-    with sqlite_write_lock(connection.engine):
+    with engine.connect() as connection, sqlite_write_lock(engine):  # a Core transaction: no ORM session
         if workload is not None:
             params["workload_id"] = connection.execute(workload, params).scalar_one()
         rec_id, workload_id = connection.execute(recommendation, params).one()
-        session.commit()
+        connection.commit()
     return rec_id, workload_id
 
 
@@ -209,6 +216,21 @@ def sqlite_write_lock(engine: sa.Engine) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_GET_TEXT = sa.select(Recommendation.id, Recommendation.created_at, Recommendation.workload_id,
+                      sa.cast(Recommendation.inputs, sa.Text()), sa.cast(Recommendation.answer, sa.Text())
+                      ).where(Recommendation.id == sa.bindparam("rec_id"))
+
+
+def get_text(rec_id: int) -> str:
+    """One stored recommendation as JSON text (``as_dict``'s shape): one SELECT; the stored JSON texts are sent
+    as they are (the ``json`` type keeps its text verbatim on PostgreSQL; SQLite stores text)."""
+    with db.engine.connect() as connection:  # a read: no ORM session
+        row = connection.execute(_GET_TEXT, {"rec_id": rec_id}).first()
+    if row is None:
+        raise ApiError(404, f"No recommendation with id {rec_id}.")
+    return stored_text(*row)
+
+
 def get(rec_id: int) -> Recommendation:
     rec = db.session.get(Recommendation, rec_id,
                          options=[undefer(Recommendation.inputs), undefer(Recommendation.answer)])
@@ -226,19 +248,53 @@ EXPORT_COLUMNS = (
 )
 _SUMMARY_SELECT = tuple(Recommendation.expected_speedup.label(c) if c == "speedup_expected"
                         else getattr(Recommendation, c) for c in EXPORT_COLUMNS)
+_TABLE = Recommendation.__table__
+# a list entry's fields after the id, with the column and the JSON type each is written as
+_SUMMARY_FIELDS = tuple((name, column, _TABLE.c[column].type.python_type) for name, column in (
+    (c, "expected_speedup" if c == "speedup_expected" else c) for c in EXPORT_COLUMNS[1:]))
+
+
+def summary_text(values: dict[str, Any]) -> str:
+    """A row's list entry without its id, as JSON text (``RecommendationSummarySchema``'s fields and types),
+    from the column values about to be inserted; stored in ``summary``."""
+    out = {}
+    for name, column, kind in _SUMMARY_FIELDS:
+        value = values[column]
+        if value is not None:
+            value = value.isoformat() if column == "created_at" else kind(value)
+        out[name] = value
+    return json.dumps(out, allow_nan=False)
+
+
+def _conditions(filters: dict[str, Any]) -> list[Any]:
+    conditions = [_TABLE.c[key] == filters[key] for key in ("gpu", "target_model", "method", "decision")
+                  if filters.get(key)]
+    if filters.get("created_after"):  # UtcDateTime compares instants: +02:00 and Z agree on every backend
+        conditions.append(_TABLE.c.created_at >= filters["created_after"])
+    if filters.get("created_before"):
+        conditions.append(_TABLE.c.created_at <= filters["created_before"])
+    return conditions
 
 
 def filtered(filters: dict[str, Any]) -> Select:
     """The summary columns of the matching recommendations, newest first (no answer is read)."""
-    query = sa.select(*_SUMMARY_SELECT).order_by(Recommendation.id.desc())
-    for key in ("gpu", "target_model", "method", "decision"):
-        if filters.get(key):
-            query = query.where(getattr(Recommendation, key) == filters[key])
-    if filters.get("created_after"):  # UtcDateTime compares instants: +02:00 and Z agree on every backend
-        query = query.where(Recommendation.created_at >= filters["created_after"])
-    if filters.get("created_before"):
-        query = query.where(Recommendation.created_at <= filters["created_before"])
-    return query
+    return sa.select(*_SUMMARY_SELECT).where(*_conditions(filters)).order_by(Recommendation.id.desc())
+
+
+def summary_page(filters: dict[str, Any], offset: int, limit: int) -> tuple[str, int]:
+    """``(a page of the list as JSON text, how many match)``, newest first, in one statement: the stored list
+    entries (``summary``) are joined, nothing is parsed or encoded; the count rides along as a scalar subquery
+    (a second statement only for a page past the end). OFFSET skips ids only, and the summaries are read for
+    the page's ids: skipping whole rows made SQLite walk each skipped row's ~12 KB record to its last column."""
+    conditions = _conditions(filters)
+    count = sa.select(sa.func.count()).select_from(_TABLE).where(*conditions)
+    ids = sa.select(_TABLE.c.id).where(*conditions).order_by(_TABLE.c.id.desc()).offset(offset).limit(limit)
+    query = (sa.select(_TABLE.c.id, _TABLE.c.summary, count.scalar_subquery()).where(_TABLE.c.id.in_(ids))
+             .order_by(_TABLE.c.id.desc()))
+    with db.engine.connect() as connection:  # a read: no ORM session
+        rows = connection.execute(query).all()
+        total = rows[0][2] if rows else connection.execute(count).scalar_one()
+    return "[" + ", ".join(f'{{"id": {rec_id}, {text[1:]}' for rec_id, text, _ in rows) + "]", total
 
 
 def list_all(filters: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
