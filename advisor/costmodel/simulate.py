@@ -483,9 +483,6 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
         else:
             dt, n = 0.0, 0
         if dt == 0.0 and not pf_tokens:  # nothing schedulable (KV full with only waiting requests): next arrival
-            if held:  # no step ran on the held slots: the finishes are learnt now
-                t_seen, held = t, 0
-                continue
             if next_event() < math.inf:
                 t = t_seen = max(t, next_event())
                 held = 0

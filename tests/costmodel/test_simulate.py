@@ -143,21 +143,3 @@ def test_a_front_end_on_shared_cores_delays_admission_and_slows_each_step(h100_8
     # alone: the prompt's step pays the per-step cost, the decode steps the per-step and one sequence's
     assert served.ttft_s == pytest.approx(bare.ttft_s + 0.05 + 0.002, rel=1e-6)
     assert served.tpot_s == pytest.approx(bare.tpot_s + 0.003, rel=1e-3)
-
-
-def test_async_scheduling_lags_admission_by_one_step(h100_8b):
-    """vLLM's async scheduling: step n + 1 is scheduled while step n runs, so (1) a request arriving while the engine
-    decodes joins one step later than with synchronous scheduling, (2) a finished request's slot is reused a step
-    later; an idle engine still takes a request at once."""
-    model, _, _ = h100_8b
-    alone = Traffic(512, 9, arrival_s=[0.0])
-    sync, lag = EngineLimits(500_000), EngineLimits(500_000, async_scheduling=True)
-    assert simulate(model, lag, alone).ttft_s == pytest.approx(simulate(model, sync, alone).ttft_s)
-    decode = float(step_time_from_cost(model.target, model.step, 1, 1, 512 + 64))
-    busy = Traffic(512, 200, arrival_s=[0.0, 1.0])  # the second arrives mid-decode of the first
-    extra = simulate(model, lag, busy).ttft_s[1] - simulate(model, sync, busy).ttft_s[1]
-    assert extra == pytest.approx(decode, rel=0.05)
-    full = Traffic(512, [200, 9, 9], arrival_s=[0.0, 0.0, 0.0])  # max_num_seqs 2: the third waits for the second's
-    waits = [simulate(model, dataclasses.replace(limits, max_num_seqs=2), full).ttft_s[2] for limits in (sync, lag)]
-    pair = float(step_time_from_cost(model.target, model.step, 2, 1, 512 + 8))
-    assert waits[1] - waits[0] == pytest.approx(pair, rel=0.05)  # a step of the other request runs first
