@@ -13,9 +13,7 @@ One engine step = one scheduler iteration (vLLM ``Scheduler.schedule``; Kwon et 
   the engine's fixed overheads, and with speculation the verify, rejection-sampling and drafter costs
   (:mod:`.speculation`'s cycle, design.md §3);
 - a speculative cycle turns 1 + accepted tokens into output, accepted drawn per cycle from the per-position
-  acceptance r_i (P(first i+1 drafts accepted), design.md §2) and the fraction of steps that draft;
-- with async scheduling (``EngineLimits.async_scheduling``) the schedule of a step is made while the previous step
-  runs: it sees arrivals up to that step's start, and the slots of requests that finished in it are still held.
+  acceptance r_i (P(first i+1 drafts accepted), design.md §2) and the fraction of steps that draft.
 
 Speed: every decoding request advances by exactly one cycle per step, so between events (an arrival that can be
 admitted, a completion, KV overflow) the batch is constant and the simulation jumps over whole stretches of steps
@@ -53,11 +51,6 @@ class EngineLimits:
     max_num_seqs: int = MAX_NUM_SEQS
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
     block_size: int = DEFAULT_BLOCK_SIZE
-    # vLLM V1 async scheduling (``--async-scheduling``; on by default without speculation and with EAGLE/MTP/draft
-    # models, off with n-gram): the engine schedules step n + 1 while step n runs (``EngineCore.
-    # step_with_batch_queue``), so a schedule sees the requests that arrived before the running step began, and a
-    # request that finishes in step n still holds its slot in step n + 1 (the finish is learnt from n's output).
-    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -339,9 +332,6 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
     order: dict[int, int] = {}  # running id -> admission serial (preemption picks the newest)
     serial = 0
     t = 0.0
-    lagged = limits.async_scheduling
-    t_seen = 0.0  # the scheduler has seen arrivals up to here (t; with async scheduling the last step's start)
-    held = 0  # slots still held by requests that finished in the last step (async scheduling)
     cycle = 0  # decode steps so far (every decoding request advances one cycle per step)
     ctx_a, ctx_r = 0.0, 0.0  # Σ context over decoding requests = ctx_a + ctx_r·cycle
     kv_prefill = 0.0  # KV slots held by prefilling requests
@@ -384,21 +374,20 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
 
     while True:
         # arrivals up to now join the queue
-        while nxt < n_req and arrival_l[nxt] <= t_seen and arrival_l[nxt] <= horizon:
+        while nxt < n_req and arrival_l[nxt] <= t and arrival_l[nxt] <= horizon:
             if latency:
                 heapq.heappush(pending, (arrival_l[nxt] + latency, nxt))
             else:
                 waiting.append(nxt)
             nxt += 1
-        while pending and pending[0][0] <= t_seen:
+        while pending and pending[0][0] <= t:
             waiting.append(heapq.heappop(pending)[1])
         running = len(prefilling) + len(decoding)
-        if running == 0 and not waiting:  # idle: the engine schedules as soon as a request comes
+        if running == 0 and not waiting:
             upcoming = next_event()
             if upcoming == math.inf:
                 break
-            t = t_seen = max(t, upcoming)
-            held = 0
+            t = max(t, upcoming)
             continue
         if len(waiting) > queue_bound:  # the queue grows without end: this load is beyond the engine
             saturated = True
@@ -439,7 +428,7 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
             budget -= chunk
             if done_pf[i] >= todo[i]:
                 finishing.append(i)
-        while waiting and budget > 0 and len(prefilling) + len(decoding) + held < limits.max_num_seqs:
+        while waiting and budget > 0 and len(prefilling) + len(decoding) < limits.max_num_seqs:
             i = waiting[0]
             chunk = min(todo[i] or prompt_l[i], budget)
             if kv_decoding(cycle + 1) + kv_prefill + chunk + block > cap:
@@ -473,8 +462,6 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
             if (clock.fe_wait or not waiting and b < limits.max_num_seqs) and upcoming < math.inf:
                 dt0 = clock(b, ctx_now, 0.0, 0.0, 0.0)  # the next arrival can join: stop the stretch there
                 n = max(1, min(n, math.ceil((upcoming - t) / dt0)))
-            if held and waiting:  # the held slots are free again at the next step
-                n = 1
             if ctx_r > 0:  # KV overflow ahead: stop the stretch there (preemption happens at the next step)
                 room = cap - kv_prefill - (ctx_a + b * (k + block / 2.0))
                 n_kv = int(room / ctx_r) - cycle
@@ -484,13 +471,10 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
             dt, n = 0.0, 0
         if dt == 0.0 and not pf_tokens:  # nothing schedulable (KV full with only waiting requests): next arrival
             if next_event() < math.inf:
-                t = t_seen = max(t, next_event())
-                held = 0
+                t = max(t, next_event())
                 continue
             saturated = True
             break
-        t_seen = t + dt * (n - 1) / n if lagged and n > 1 else (t if lagged else t + dt)  # last step's start
-        held = 0
         t += dt
         steps += max(n, 1)
         events += 1
@@ -506,7 +490,6 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
             del order[i]
             finish[i] = t
             out_tokens += output_l[i]
-            held += lagged
         # prefills that completed this step emit their first token and start decoding
         for i in finishing:
             prefilling.remove(i)
@@ -519,7 +502,6 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
                 del order[i]
                 finish[i] = t
                 out_tokens += output_l[i]
-                held += lagged
             else:
                 start_decode(i)
         if t > horizon and not decoding and not prefilling:
