@@ -399,9 +399,9 @@ def format_table(rows: list[Row]) -> str:
             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     lines = [head]
     for r in rows:
-        cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.0f} %)"
+        cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.1f} %)"
                  if k.startswith("ttft") else
-                 f"{r.measured_ms[k]:.1f} / {r.simulated_ms[k]:.1f} ({100 * r.errors[k]:+.0f} %)"
+                 f"{r.measured_ms[k]:.1f} / {r.simulated_ms[k]:.1f} ({100 * r.errors[k]:+.1f} %)"
                  for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]
         load = f"{r.load:.2f}×" if r.load else "–"
         lines.append(f"| {r.mode} | {r.rate:g} | {load} | {r.requests} | " + " | ".join(cells)
