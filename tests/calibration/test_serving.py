@@ -27,7 +27,7 @@ def test_simulated_percentiles_follow_vllm_bench_serve(smollm2_path, tmp_path):
     serving.add_cli_args(parser)
     args = parser.parse_args(["--records", str(REPO / "tests/calibration/data/probe_run_smollm2_cpu.jsonl"),
                               "--model", str(smollm2_path), "--modes", "baseline", "--rates", "1",
-                              "--duration-s", "16", "--output-len", "64", "--attempts", "1", "--probe-concurrency", "1,16",
+                              "--num-prompts", "16", "--output-len", "64", "--cpu-lock", "", "--attempts", "1", "--probe-concurrency", "1,16",
                               "--max-wait-quiet", "30", "--workdir", str(tmp_path)])
     result = serving.run(args)
     (row,) = result.rows
