@@ -284,13 +284,13 @@ def filtered(filters: dict[str, Any]) -> Select:
 def summary_page(filters: dict[str, Any], offset: int, limit: int) -> tuple[str, int]:
     """``(a page of the list as JSON text, how many match)``, newest first, in one statement: the stored list
     entries (``summary``) are joined, nothing is parsed or encoded; the count rides along as a scalar subquery
-    (a second statement only for a page past the end). OFFSET skips ids only, and the summaries are read for
-    the page's ids: skipping whole rows made SQLite walk each skipped row's ~12 KB record to its last column."""
+    (a second statement only for a page past the end). Unfiltered pages read the covering index on
+    ``(id, summary)``: SQLite stores ``summary`` after the ~12 KB answer, and reaching it through each row walked
+    the row's overflow pages."""
     conditions = _conditions(filters)
     count = sa.select(sa.func.count()).select_from(_TABLE).where(*conditions)
-    ids = sa.select(_TABLE.c.id).where(*conditions).order_by(_TABLE.c.id.desc()).offset(offset).limit(limit)
-    query = (sa.select(_TABLE.c.id, _TABLE.c.summary, count.scalar_subquery()).where(_TABLE.c.id.in_(ids))
-             .order_by(_TABLE.c.id.desc()))
+    query = (sa.select(_TABLE.c.id, _TABLE.c.summary, count.scalar_subquery()).where(*conditions)
+             .order_by(_TABLE.c.id.desc()).offset(offset).limit(limit))
     with db.engine.connect() as connection:  # a read: no ORM session
         rows = connection.execute(query).all()
         total = rows[0][2] if rows else connection.execute(count).scalar_one()
