@@ -216,6 +216,12 @@ def sqlite_write_lock(engine: sa.Engine) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _read_connection() -> sa.Connection:
+    """A pooled connection for one read: no ORM session and no transaction, so PostgreSQL gets no BEGIN and no
+    ROLLBACK round trip (autocommit is a client-side flag of psycopg and pysqlite; the pool resets it)."""
+    return db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+
 _GET_TEXT = sa.select(Recommendation.id, Recommendation.created_at, Recommendation.workload_id,
                       sa.cast(Recommendation.inputs, sa.Text()), sa.cast(Recommendation.answer, sa.Text())
                       ).where(Recommendation.id == sa.bindparam("rec_id"))
@@ -224,7 +230,7 @@ _GET_TEXT = sa.select(Recommendation.id, Recommendation.created_at, Recommendati
 def get_text(rec_id: int) -> str:
     """One stored recommendation as JSON text (``as_dict``'s shape): one SELECT; the stored JSON texts are sent
     as they are (the ``json`` type keeps its text verbatim on PostgreSQL; SQLite stores text)."""
-    with db.engine.connect() as connection:  # a read: no ORM session
+    with _read_connection() as connection:
         row = connection.execute(_GET_TEXT, {"rec_id": rec_id}).first()
     if row is None:
         raise ApiError(404, f"No recommendation with id {rec_id}.")
@@ -291,7 +297,7 @@ def summary_page(filters: dict[str, Any], offset: int, limit: int) -> tuple[str,
     count = sa.select(sa.func.count()).select_from(_TABLE).where(*conditions)
     query = (sa.select(_TABLE.c.id, _TABLE.c.summary, count.scalar_subquery()).where(*conditions)
              .order_by(_TABLE.c.id.desc()).offset(offset).limit(limit))
-    with db.engine.connect() as connection:  # a read: no ORM session
+    with _read_connection() as connection:
         rows = connection.execute(query).all()
         total = rows[0][2] if rows else connection.execute(count).scalar_one()
     return "[" + ", ".join(f'{{"id": {rec_id}, {text[1:]}' for rec_id, text, _ in rows) + "]", total
