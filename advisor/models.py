@@ -180,6 +180,9 @@ class Recommendation(Timestamped, db.Model):
     calibration_run_id: Mapped[int | None] = mapped_column(sa.ForeignKey("calibration_runs.id"))
     workload: Mapped[Workload] = relationship(back_populates="recommendations")
 
+    # a list page reads ids and summaries from this index alone, never the rows (migration 0005)
+    __table_args__ = (sa.Index("ix_recommendations_id_summary", "id", "summary"),)
+
 
 @event.listens_for(Recommendation, "before_update")
 def _recommendations_are_immutable(mapper, connection, target) -> None:  # noqa: ANN001

@@ -1,4 +1,4 @@
-"""recommendation summary as stored JSON text (a list of 100 is 100 stored texts joined, nothing encoded)
+"""recommendation summary as stored JSON text, indexed with the id (a list page joins 100 stored texts)
 
 Revision ID: 0005
 Revises: 0004
@@ -70,8 +70,11 @@ def upgrade() -> None:
 
     with op.batch_alter_table('recommendations', schema=None) as batch_op:
         batch_op.alter_column('summary', existing_type=sa.Text(), nullable=False)
+        # a list page reads ids and summaries from the index alone (SQLite keeps summary after the answer)
+        batch_op.create_index('ix_recommendations_id_summary', ['id', 'summary'], unique=False)
 
 
 def downgrade() -> None:
     with op.batch_alter_table('recommendations', schema=None) as batch_op:
+        batch_op.drop_index('ix_recommendations_id_summary')
         batch_op.drop_column('summary')
