@@ -16,8 +16,8 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.vllm
 
 # One short run (16 requests; p90 is the second largest) on 2 shared cores, simulated from a calibration stored from
-# another day's host (the CI run does not calibrate: 139 s); the benchmark's target is 15 %. Seen in CI on this
-# kind of machine: p50 errors of -27 % to +15 % (the host's step time moves ~20 % between machines of one kind).
+# another day's host (the CI run does not calibrate: 139 s); the benchmark's target is 15 %. Seen in a clean-clone
+# CI on 2026-12-01: TTFT p50 -27 %, TPOT p50 -19 % (this host's steps slower than the stored calibration's).
 CI_TOLERANCE = {"ttft_p50": 0.35, "tpot_p50": 0.35, "ttft_p90": 0.5, "tpot_p90": 0.5}
 
 
