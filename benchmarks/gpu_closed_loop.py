@@ -151,22 +151,15 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1) -> i
 def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0) -> None:
     """Child process: one engine, every batch size; one JSON line per batch size to ``out``. ``held`` > 0: one of
     that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``."""
-    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, environment_info, read_spec_counters,
-                                    start_engine, stop_engine, synthetic_rates)
+    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, environment_info, event_stream,
+                                    held_engine_config, read_spec_counters, start_engine, stop_engine, synthetic_rates)
 
     import random
 
-    events = None
-    if held:  # events (ready) on the original stdout; vLLM's own output to stderr, so no pipe fills while we wait
-        events = os.fdopen(os.dup(1), "w", buffering=1)
-        os.dup2(2, 1)
+    events = event_stream() if held else None
     cfg = gpu_probe_config(target, draft, tp).resolved(on_gpu=True)
-    if held:
-        # every batch size with its outputs and drafts, with 50 % to spare; vLLM's memory profiling is skipped (it
-        # would count the other engines' allocations as its own)
-        kv_gib = 1.5 * max(BATCH_SIZES) * (PROMPT_TOKENS + OUTPUT_TOKENS + 16 + case.k) * 128 * 1024 / tp / 2**30
-        cfg = dataclasses.replace(cfg, kv_cache_memory_gib=round(kv_gib, 1),
-                                  gpu_memory_utilization=round(0.9 / held, 3))
+    if held:  # the KV cache holds every batch size's prompts, outputs and drafts
+        cfg = held_engine_config(dataclasses.replace(cfg, decode_tokens=OUTPUT_TOKENS), held)
     settings = cfg.engine_settings(target)
     spec = None
     acceptances: tuple[float | None, ...] = (None,)

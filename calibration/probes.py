@@ -1085,6 +1085,22 @@ def default_kv_cache_gib(cfg: ProbeConfig) -> float:
     return max(1.0, round(1.5 * tokens * per_token / max(1, cfg.tensor_parallel_size) / 2**30, 1))
 
 
+def held_engine_config(cfg: ProbeConfig, engines: int) -> ProbeConfig:
+    """``cfg`` for one of ``engines`` GPU engines alive together: a 0.9/n share of the memory and a fixed KV cache
+    (:func:`default_kv_cache_gib`), since vLLM's memory profiling would count the other engines' memory as its own."""
+    share = round(0.9 / engines, 3)
+    return dataclasses.replace(cfg, gpu_memory_utilization=min(cfg.gpu_memory_utilization or share, share),
+                               kv_cache_memory_gib=cfg.kv_cache_memory_gib or default_kv_cache_gib(cfg))
+
+
+def event_stream():
+    """Child side of :class:`HeldProcess`: a line-buffered stream on the original stdout for JSON events; stdout
+    itself (vLLM's own prints) goes to stderr, so no pipe fills while the child waits for its turn."""
+    events = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    return events
+
+
 def start_groups(plan: list[EnginePlan], cfg: ProbeConfig, gpu_memory_bytes: int | None) -> list[list[EnginePlan]]:
     """Engines that start together, in plan order: with ``cfg.parallel_starts``, as many as fit in 90 % of the
     GPU's memory (:func:`engine_memory_estimate_bytes`; all of them without a GPU); otherwise one at a time."""
@@ -1126,9 +1142,7 @@ def _run_group_isolated(group: list[EnginePlan], cfg: ProbeConfig, env: dict, pr
     hold = len(group) > 1
     plan_files: list[str] = []
     if hold and gpu:
-        share = round(0.9 / len(group), 3)
-        cfg = dataclasses.replace(cfg, gpu_memory_utilization=min(cfg.gpu_memory_utilization or share, share),
-                                  kv_cache_memory_gib=cfg.kv_cache_memory_gib or default_kv_cache_gib(cfg))
+        cfg = held_engine_config(cfg, len(group))
     errors: dict[str, str] = {}
 
     def on_event(label: str) -> Callable[[dict], None]:
@@ -1167,8 +1181,7 @@ def _run_group_isolated(group: list[EnginePlan], cfg: ProbeConfig, env: dict, pr
 
 def _engine_plan_main(plan_file: str) -> int:
     """Child side of :func:`_run_group_isolated`: events as JSON lines on the original stdout."""
-    events = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # vLLM's own prints go to stderr
+    events = event_stream()
     data = json.loads(Path(plan_file).read_text())
     cfg = config_from_dict(data["config"])
     item = EnginePlan(**{**data["engine"], "tasks": [tuple(t) for t in data["engine"]["tasks"]]})

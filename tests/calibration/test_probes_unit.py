@@ -139,6 +139,11 @@ def test_gpu_engines_start_together_as_memory_allows(tmp_path):
     assert all(len(g) == 1 for g in start_groups(plan, dataclasses.replace(cfg, parallel_starts=False), 139 * 2**30))
     cpu = gpu_probe_config(target, draft).resolved(on_gpu=False)
     assert not cpu.parallel_starts
+    # each of 4 held engines: a 0.9/4 share of the memory; a KV cache given in the config is kept as it is
+    from calibration.probes import held_engine_config
+
+    held = held_engine_config(cfg, 4)
+    assert held.gpu_memory_utilization == 0.225 and held.kv_cache_memory_gib == kv_gib
 
 
 def test_cpu_defaults_stay_eager_and_in_process():
