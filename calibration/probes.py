@@ -119,6 +119,7 @@ class StepTiming:
     engine_steps: float | None = None  # vLLM's own iteration count per timed generate (co-scheduling check)
     tokens_per_engine_step: float | None = None  # vLLM's iteration_tokens mean: ~ B·q when the batch ran together
     others_cpu: float | None = None  # CPU share other processes took while timing (CPU hosts)
+    clock: str = "wall"  # "engine" | "wall": ProbeConfig.step_clock
     engine: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
 
@@ -283,6 +284,11 @@ class ProbeConfig:
     repeats: int = 3  # timed repeats per point (at least)
     max_repeats: int = 6  # ... more while the spread exceeds max_relative_spread
     max_relative_spread: float = 0.08
+    # how a step is timed (:func:`measure_step_time`): "engine" -- vLLM's own per-request timestamps (engine core
+    # clock, first to last token) over one generation, on prompts whose prefill the warm-up cached; "wall" -- the
+    # difference of two generations' wall times (short and long), which noise in either generation's start or end
+    # can turn negative when few steps separate them (a drafter that accepts most drafts)
+    step_clock: str = "engine"
     guard_contention: bool | None = None  # None: on the CPU, redo timings while other processes load the cores
     isolate_engines: bool | None = None  # None: on GPUs, each engine in its own process
     # None: on GPUs, isolated engines start together (as many as fit, by :func:`engine_memory_estimate_bytes`),
@@ -652,12 +658,33 @@ def measure_memory(llm, label: str, startup_s: float, has_drafter: bool, engine:
     )
 
 
+def _engine_decode_s(outs) -> float | None:
+    """Mean seconds from the first to the last token of each request, on the engine core's clock (vLLM's
+    ``RequestOutput.metrics``: ``first_token_ts`` is stamped when the prefill step's output leaves the engine core,
+    ``last_token_ts`` at the last step's): decode steps only, without the prefill, request set-up or the
+    front end's output handling. None when the engine does not keep these stats."""
+    spans = []
+    for o in outs:
+        m = getattr(o, "metrics", None)
+        first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
+        if not first or not last or last < first:
+            return None
+        spans.append(last - first)
+    return statistics.fmean(spans) if spans else None
+
+
 def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig, engine: dict, env: dict,
                       rng: random.Random, temperature: float = 0.0, kind: str = "step",
                       width_marker: int | None = None, repetitive: bool = False) -> StepTiming:
-    """(wall(generate N+1 tokens) - wall(generate N/4+1 tokens)) / (decode steps between them), repeated until the
-    spread is known. Both generations pay the same prefill, first-step and drafter start-up costs (a draft model's
-    prefill of the prompt runs in the first speculative step), so the difference is steady-state steps only.
+    """Seconds per decode step (verify step, whole speculative cycle) of a co-scheduled batch, repeated until the
+    spread is known. Two clocks (``cfg.step_clock``):
+
+    - ``engine``: one generation of N + 1 tokens per repeat; the engine core's first-to-last-token span of each
+      request (:func:`_engine_decode_s`) over its decode steps. The prompts stay the same across the warm-up and
+      the repeats, so vLLM's prefix cache serves their prefill after the warm-up (the span excludes it anyway).
+    - ``wall``: (wall(generate N+1 tokens) - wall(generate N/4+1 tokens)) / (decode steps between them), on fresh
+      prompts each time. Both generations pay the same prefill, first-step and drafter start-up costs (a draft
+      model's prefill of the prompt runs in the first speculative step), so the difference is steady-state steps.
 
     Steps per sequence = tokens after the first - accepted drafts per sequence (a cycle yields 1 + accepted), so
     the same formula times decode steps, verify steps and whole speculative cycles. vLLM's iteration histogram
@@ -666,17 +693,25 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     n_short = max(1, n // 4)
     detok = not cfg.skip_tokenizer_init
     short, many = _sampling(temperature, n_short + 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
+    clock = cfg.step_clock
+    fixed = _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
 
     def prompts():
+        if clock == "engine":
+            return fixed
         return _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
 
     def steps_of(outs, d: SpecCounters) -> float:
         tokens = sum(len(o.outputs[0].token_ids) for o in outs) / batch_size
         return tokens - 1 - d.num_accepted_tokens / batch_size
 
-    llm.generate(prompts(), many, use_tqdm=False)  # warm-up at this batch size (allocations, first-call effects)
+    # warm-up at this batch size (allocations, first-call effects; with the engine clock, also the prefix cache)
+    warm = llm.generate(fixed, short, use_tqdm=False) if clock == "engine" else \
+        llm.generate(prompts(), many, use_tqdm=False)
+    if clock == "engine" and _engine_decode_s(warm) is None:
+        clock = "wall"  # this engine keeps no per-request timestamps
 
-    def once():
+    def once_wall():
         before = read_spec_counters(llm)
         ts, outs_s = _timed_generate(llm, prompts(), short)
         mid = read_spec_counters(llm)
@@ -685,7 +720,14 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
         steps = max(0.5, steps_of(outs, d) - steps_of(outs_s, mid - before))
         return (tn - ts) / steps, max(1.0, steps_of(outs, d)), d
 
-    results, others = _repeat(once, cfg, label)
+    def once_engine():
+        before = read_spec_counters(llm)
+        _, outs = _timed_generate(llm, fixed, many)
+        d = read_spec_counters(llm) - before
+        steps = max(1.0, steps_of(outs, d))
+        return _engine_decode_s(outs) / steps, steps, d
+
+    results, others = _repeat(once_engine if clock == "engine" else once_wall, cfg, label)
     samples = [r[0] for r in results]
     tot = SpecCounters()
     for r in results:
@@ -699,7 +741,7 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
         num_drafts=tot.num_drafts, num_draft_tokens=tot.num_draft_tokens,
         engine_steps=(tot.engine_steps / runs) if tot.engine_steps else None,
         tokens_per_engine_step=(tot.iteration_tokens / tot.engine_steps) if tot.engine_steps else None,
-        others_cpu=others, engine=engine, environment=env,
+        others_cpu=others, clock=clock, engine=engine, environment=env,
     )
 
 

@@ -197,3 +197,24 @@ def test_dummy_load_format_times_the_catalog_shape(tmp_path, monkeypatch):
     config = json.loads((tmp_path / "shapes" / "llama-3.1-8b-instruct" / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (4096, 32, 8)
     assert cfg.drafters[0].model.endswith("shapes/llama-3.2-1b-instruct")
+
+
+def test_step_clock_falls_back_to_the_wall_clock(monkeypatch):
+    """Steps are timed on vLLM's engine clock; an engine without per-request timestamps (stats off) falls back to
+    the wall clock instead of failing."""
+    import random
+    import time
+    from types import SimpleNamespace
+
+    assert probes.ProbeConfig().step_clock == "engine"
+
+    class NoStatsLLM:
+        def generate(self, prompts, params, use_tqdm=False):
+            time.sleep(0.001 * params.max_tokens)
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(params.max_tokens)))], metrics=None)
+                    for _ in prompts]
+
+    cfg = probes.ProbeConfig(decode_tokens=8, repeats=1, max_repeats=1, guard_contention=False)
+    monkeypatch.setattr(probes, "read_spec_counters", lambda llm: SpecCounters())
+    m = probes.measure_step_time(NoStatsLLM(), "x", 2, 1, cfg, {}, {}, random.Random(0))
+    assert m.clock == "wall" and m.step_s > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -57,5 +58,26 @@ def test_step_time_probe(self_draft_engine):
     from calibration.probes import environment_info, measure_step_time
 
     e = self_draft_engine
-    m = measure_step_time(e.llm, "self-k4", 2, 1, e.config, e.engine, environment_info(), random.Random(0))
-    assert m.batch_size == 2 and m.step_s > 0 and m.steps >= 1
+    cfg = dataclasses.replace(e.config, step_clock="wall", decode_tokens=32)
+    m = measure_step_time(e.llm, "self-k4", 2, 1, cfg, e.engine, environment_info(), random.Random(0))
+    assert m.clock == "wall" and m.batch_size == 2 and m.step_s > 0 and m.steps >= 1
+
+
+def test_step_time_on_the_engine_clock(self_draft_engine):
+    """The engine clock (GPU default) times decode steps from vLLM's own per-request timestamps: one generation
+    per repeat on prompts whose prefill the warm-up cached. The span is part of the generation, so a cycle times
+    the number of cycles can never exceed the wall time of a whole generation of the same batch."""
+    import time
+
+    from calibration.probes import _random_prompts, _sampling, environment_info, measure_step_time
+
+    e = self_draft_engine
+    cfg = dataclasses.replace(e.config, decode_tokens=16, repeats=2, max_repeats=2)
+    m = measure_step_time(e.llm, "self-k4", 2, 5, cfg, e.engine, environment_info(), random.Random(1), kind="cycle")
+    assert m.clock == "engine"
+    assert len(m.step_s_samples) == 2 and all(s > 0 for s in m.step_s_samples)
+    assert m.accepted_tokens > 0 and 1 <= m.steps < 16, m  # self-drafting: several tokens per cycle
+    t0 = time.perf_counter()
+    e.llm.generate(_random_prompts(2, cfg.context_len, random.Random(2)), _sampling(0.0, 17, 0), use_tqdm=False)
+    wall_s = time.perf_counter() - t0
+    assert m.step_s * m.steps < wall_s, (m.step_s_samples, m.steps, wall_s)
