@@ -1,0 +1,23 @@
+#!/bin/bash
+# On the lent GPU machine, after scripts/gpu-setup.sh: the GPU closed loop's phases in WORKDIR (default /tmp/w),
+# each bounded in time; what they wrote is copied to $OUT at the end (a phase cut short by its bound resumes on the
+# next call: `measure` skips the engines it has measured). Usage: scripts/gpu-closed-loop.sh PHASE[:SECONDS] ...
+#   e.g. scripts/gpu-closed-loop.sh calibrate:300 measure:240      then      measure:400 analyze:60
+set -u
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
+  VLLM_ALLOW_INSECURE_SERIALIZATION=1
+W=${WORKDIR:-/tmp/w}; mkdir -p "$W"
+for arg in "$@"; do
+  phase=${arg%%:*}; limit=${arg#*:}; [ "$limit" = "$arg" ] && limit=600
+  echo "== $phase (limit ${limit}s) at $(date +%T)"
+  extra=(); [ "$phase" = analyze ] && extra=(--out-json "$W/closed-loop-result.json")
+  timeout --signal=INT --kill-after=20 "$limit" python3 -m benchmarks.gpu_closed_loop "$phase" --workdir "$W" \
+    "${extra[@]}" 2> >(tee -a "$W/$phase.err" | grep -E '^\[(calibrate|measure)|^\{|Error' >&2)
+  echo "== $phase exit $? at $(date +%T)"
+done
+grep -hE "torch.compile take|Graph capturing finished|init engine|Compil(ing|ation) .*took|Loading weights took|Model loading took" \
+  "$W"/*.err 2>/dev/null | sed -E 's/^.*(INFO|WARNING)/\1/' | head -80 > "$W/startup-log.txt"
+grep -h '^\[calibrate' "$W/calibrate.err" > "$W/calibrate-progress.txt" 2>/dev/null
+mkdir -p "$OUT/w" && cp "$W"/*.json "$W"/*.jsonl "$W"/*.txt "$OUT/w/" 2>/dev/null
+gzip -c "$W/calibrate.err" > "$OUT/w/calibrate.err.gz" 2>/dev/null; ls -la "$OUT/w"
