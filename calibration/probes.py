@@ -948,7 +948,8 @@ def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str,
                emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random,
                on_ready: Callable[[], None] | None = None) -> None:
     """Start ``item``'s engine here, run its tasks, stop it; each measurement to ``emit`` as it is taken.
-    ``on_ready`` is called once the engine is up, before any timing."""
+    ``on_ready`` (an engine held until its turn) is called once the engine is up and warmed up
+    (:func:`warm_up`), before any timing."""
     settings, engine = _engine_dict(item, cfg)
     spec = item.speculative_config
     llm, startup = start_engine(settings, spec)
@@ -957,11 +958,31 @@ def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str,
             emit(measure_memory(llm, item.label, startup, spec is not None, engine, env))
         tick(f"{item.label}: started in {startup:.1f}s")
         if on_ready is not None:
+            warm_up(llm, item, cfg, rng)
             on_ready()
         for task in item.tasks:
             run_task(llm, item, task, cfg, engine, env, prompts, emit, tick, rng)
     finally:
         stop_engine(llm)
+
+
+def warm_up(llm, item: EnginePlan, cfg: ProbeConfig, rng: random.Random) -> None:
+    """A few tokens at each temperature and at the largest batch of ``item``'s timing tasks: the first
+    speculative step, the first sampled step and the first large batch compile kernels (Triton JIT of the
+    rejection and top-k/top-p samplers: seconds on an H200), which an engine held until its turn does while the
+    others still start, instead of inside its first probe."""
+    timing = [t for t in item.tasks if t[0] in ("step", "cycle")]
+    if not timing:
+        return
+    temps = sorted({float(t[-1]) for t in timing})
+    largest = max(int(t[1]) for t in timing)
+    detok = not cfg.skip_tokenizer_init
+    copy = (item.speculative_config or {}).get("method") in ("ngram", "suffix")
+    for t in temps:
+        llm.generate(_random_prompts(1, cfg.context_len, rng, repetitive=copy), _sampling(t, 5, cfg.seed, detok),
+                     use_tqdm=False)
+    llm.generate(_random_prompts(largest, cfg.context_len, rng, repetitive=copy), _sampling(0.0, 5, cfg.seed, detok),
+                 use_tqdm=False)
 
 
 def interleaved_tasks(plan: list[EnginePlan]) -> list[tuple[int, tuple]]:
