@@ -946,10 +946,10 @@ def run_task(llm, item: EnginePlan, task: tuple, cfg: ProbeConfig, engine: dict,
 
 def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
                emit: MeasurementCallback, tick: Callable[[str], None], rng: random.Random,
-               on_ready: Callable[[], None] | None = None) -> None:
+               on_ready: Callable[[], None] | None = None, on_done: Callable[[], None] | None = None) -> None:
     """Start ``item``'s engine here, run its tasks, stop it; each measurement to ``emit`` as it is taken.
     ``on_ready`` (an engine held until its turn) is called once the engine is up and warmed up
-    (:func:`warm_up`), before any timing."""
+    (:func:`warm_up`), before any timing; ``on_done`` after the last task, before the engine stops."""
     settings, engine = _engine_dict(item, cfg)
     spec = item.speculative_config
     llm, startup = start_engine(settings, spec)
@@ -962,6 +962,8 @@ def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str,
             on_ready()
         for task in item.tasks:
             run_task(llm, item, task, cfg, engine, env, prompts, emit, tick, rng)
+        if on_done is not None:
+            on_done()
     finally:
         stop_engine(llm)
 
@@ -1063,6 +1065,8 @@ class HeldProcess:
                 sys.stderr.write(line)
             elif "ready" in event and until_ready:
                 return True
+            elif "done" in event and not until_ready:
+                return True
             elif on_event is not None:
                 on_event(event)
         self.proc.wait()
@@ -1073,11 +1077,13 @@ class HeldProcess:
         return self._pump(on_event, until_ready=True)
 
     def run(self, on_event: Callable[[dict], None] | None = None) -> int:
-        """Say go (when held), pass events on until the child ends; its exit status."""
+        """Say go (when held), pass events on until the child reports ``{"done": ...}`` (0: it then waits, idle,
+        for :meth:`kill`, so that no engine's shutdown overlaps the next one's timings) or ends (its exit status)."""
         if self.hold:
             self.proc.stdin.write("go\n")
             self.proc.stdin.flush()
-        self._pump(on_event, until_ready=False)
+        if self._pump(on_event, until_ready=False):
+            return 0
         return self.proc.wait()
 
     def kill(self) -> None:
@@ -1097,6 +1103,14 @@ def wait_for_go(label: str, stream=None) -> None:
     stream.flush()
     if not sys.stdin.readline():
         raise RuntimeError("the parent ended before this engine's turn")
+
+
+def report_done(label: str, stream) -> None:
+    """Child side of :class:`HeldProcess`: report the tasks done, then wait idle until the parent ends this
+    process group (or closes stdin); the engine's shutdown would otherwise run during the next engine's timings."""
+    stream.write(json.dumps({"done": label}) + "\n")
+    stream.flush()
+    sys.stdin.read()
 
 
 def engine_memory_estimate_bytes(item: EnginePlan, cfg: ProbeConfig) -> int:
@@ -1254,7 +1268,8 @@ def _engine_plan_main(plan_file: str) -> int:
         run_engine(item, cfg, data["environment"], data["prompts"],
                    lambda m: events.write(json.dumps({"measurement": asdict(m)}, default=str) + "\n"),
                    lambda msg: events.write(json.dumps({"tick": msg}) + "\n"), rng,
-                   on_ready=(lambda: wait_for_go(item.label, events)) if data.get("hold") else None)
+                   on_ready=(lambda: wait_for_go(item.label, events)) if data.get("hold") else None,
+                   on_done=(lambda: report_done(item.label, events)) if data.get("hold") else None)
     except BaseException as exc:
         events.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
         return 1

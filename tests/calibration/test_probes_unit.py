@@ -218,3 +218,30 @@ def test_step_clock_falls_back_to_the_wall_clock(monkeypatch):
     monkeypatch.setattr(probes, "read_spec_counters", lambda llm: SpecCounters())
     m = probes.measure_step_time(NoStatsLLM(), "x", 2, 1, cfg, {}, {}, random.Random(0))
     assert m.clock == "wall" and m.step_s > 0
+
+
+def test_held_engines_report_done_and_wait_to_be_ended():
+    """An engine held until its turn (HeldProcess) reports ready, runs on go, and reports done without stopping:
+    its shutdown must not overlap the next engine's timings, so the parent ends the group itself."""
+    import sys
+    import textwrap
+
+    child = textwrap.dedent("""
+        import json, sys
+        from calibration.probes import event_stream, report_done, wait_for_go
+        events = event_stream()
+        wait_for_go("x", events)
+        events.write(json.dumps({"tick": "probed"}) + "\\n")
+        report_done("x", events)
+        sys.exit(3)  # reached only when the parent closes stdin instead of ending the group
+    """)
+    p = probes.HeldProcess([sys.executable, "-c", child], "x")
+    try:
+        assert p.wait_ready()
+        seen = []
+        assert p.run(seen.append) == 0
+        assert seen == [{"tick": "probed"}]
+        assert p.proc.poll() is None  # still alive, idle, after done
+    finally:
+        p.kill()
+    assert p.proc.returncode == -9
