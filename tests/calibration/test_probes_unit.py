@@ -199,14 +199,15 @@ def test_dummy_load_format_times_the_catalog_shape(tmp_path, monkeypatch):
     assert cfg.drafters[0].model.endswith("shapes/llama-3.2-1b-instruct")
 
 
-def test_step_clock_falls_back_to_the_wall_clock(monkeypatch):
-    """Steps are timed on vLLM's engine clock; an engine without per-request timestamps (stats off) falls back to
-    the wall clock instead of failing."""
+def test_step_clock_defaults_and_falls_back_to_the_wall_clock(monkeypatch):
+    """GPUs time steps on vLLM's engine clock, the CPU on the wall clock its closed loop validated; an engine
+    without per-request timestamps (stats off) falls back to the wall clock instead of failing."""
     import random
     import time
     from types import SimpleNamespace
 
-    assert probes.ProbeConfig().step_clock == "engine"
+    assert probes.ProbeConfig().resolved(on_gpu=True).step_clock == "engine"
+    assert probes.ProbeConfig().resolved(on_gpu=False).step_clock == "wall"
 
     class NoStatsLLM:
         def generate(self, prompts, params, use_tqdm=False):
@@ -214,7 +215,7 @@ def test_step_clock_falls_back_to_the_wall_clock(monkeypatch):
             return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(params.max_tokens)))], metrics=None)
                     for _ in prompts]
 
-    cfg = probes.ProbeConfig(decode_tokens=8, repeats=1, max_repeats=1, guard_contention=False)
+    cfg = probes.ProbeConfig(decode_tokens=8, repeats=1, max_repeats=1, guard_contention=False, step_clock="engine")
     monkeypatch.setattr(probes, "read_spec_counters", lambda llm: SpecCounters())
     m = probes.measure_step_time(NoStatsLLM(), "x", 2, 1, cfg, {}, {}, random.Random(0))
     assert m.clock == "wall" and m.step_s > 0

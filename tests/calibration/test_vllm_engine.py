@@ -64,7 +64,7 @@ def test_step_time_probe(self_draft_engine):
 
 
 def test_step_time_on_the_engine_clock(self_draft_engine):
-    """The engine clock (GPU default) times decode steps from vLLM's own per-request timestamps: one generation
+    """The engine clock (the GPU default) times decode steps from vLLM's own per-request timestamps: one generation
     per repeat on prompts whose prefill the warm-up cached. The span is part of the generation, so a cycle times
     the number of cycles can never exceed the wall time of a whole generation of the same batch."""
     import time
@@ -72,7 +72,7 @@ def test_step_time_on_the_engine_clock(self_draft_engine):
     from calibration.probes import _random_prompts, _sampling, environment_info, measure_step_time
 
     e = self_draft_engine
-    cfg = dataclasses.replace(e.config, decode_tokens=16, repeats=2, max_repeats=2)
+    cfg = dataclasses.replace(e.config, step_clock="engine", decode_tokens=16, repeats=2, max_repeats=2)
     m = measure_step_time(e.llm, "self-k4", 2, 5, cfg, e.engine, environment_info(), random.Random(1), kind="cycle")
     assert m.clock == "engine"
     assert len(m.step_s_samples) == 2 and all(s > 0 for s in m.step_s_samples)
