@@ -61,6 +61,11 @@ class Blueprint(flask_smorest.Blueprint):
 
         return bounded
 
+    def _set_pagination_metadata(self, page_params, result, headers):  # noqa: ANN001, ANN202
+        if page_params.item_count == KEYSET_PAGE:  # a keyset page (``after_id``): nothing was counted
+            return result, headers
+        return super()._set_pagination_metadata(page_params, result, headers)
+
     @staticmethod
     def _make_pagination_metadata(page: int, page_size: int, item_count: int) -> dict:
         """flask-smorest's ``X-Pagination`` metadata, dumped by one schema instance: flask-smorest builds a new
@@ -80,6 +85,7 @@ class Blueprint(flask_smorest.Blueprint):
 
 
 _PAGINATION_METADATA = PaginationMetadataSchema()
+KEYSET_PAGE = -1  # the item count a view sets for a keyset page: no X-Pagination header
 MAX_PAGE = 1_000_000  # page × page_size stays far inside a 64-bit OFFSET
 
 

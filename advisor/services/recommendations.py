@@ -288,7 +288,29 @@ def summary_page(filters: dict[str, Any], offset: int, limit: int) -> tuple[str,
     with _read_connection() as connection:
         rows = connection.execute(query, params).all()
         total = rows[0][2] if rows else connection.execute(count, params).scalar_one()
-    return "[" + ", ".join(f'{{"id": {rec_id}, {text[1:]}' for rec_id, text, _ in rows) + "]", total
+    return _entries_text(rows), total
+
+
+def page_after(filters: dict[str, Any], after_id: int, limit: int) -> str:
+    """A keyset page of the list as JSON text: the matching rows older than ``after_id``, newest first. No OFFSET
+    and no count: the index is read from ``after_id`` down, so the page costs the same at any depth."""
+    keys = tuple(key for key in _FILTERS if filters.get(key))
+    params = {**{key: filters[key] for key in keys}, "after_id": after_id, "limit": limit}
+    with _read_connection() as connection:
+        rows = connection.execute(_keyset_statement(keys), params).all()
+    return _entries_text(rows)
+
+
+def _entries_text(rows: Any) -> str:
+    """The stored list entries of ``(id, summary, …)`` rows joined into a JSON array (nothing parsed)."""
+    return "[" + ", ".join(f'{{"id": {row[0]}, {row[1][1:]}' for row in rows) + "]"
+
+
+@functools.cache
+def _keyset_statement(keys: tuple[str, ...]) -> Select:
+    conditions = [_condition(key, sa.bindparam(key)) for key in keys]
+    return (sa.select(_TABLE.c.id, _TABLE.c.summary).where(_TABLE.c.id < sa.bindparam("after_id"), *conditions)
+            .order_by(_TABLE.c.id.desc()).limit(sa.bindparam("limit")))
 
 
 @functools.cache
