@@ -24,7 +24,8 @@ def create_app(overrides: dict[str, Any] | None = None) -> Flask:
     app.config.from_object(Config())
     app.config.update(overrides or {})
     app.config.setdefault("SQLALCHEMY_ENGINE_OPTIONS", engine_options(
-        app.config["SQLALCHEMY_DATABASE_URI"], app.config["DB_TIMEOUT_S"], app.config["DB_POOL_SIZE"]))
+        app.config["SQLALCHEMY_DATABASE_URI"], app.config["DB_TIMEOUT_S"], app.config["DB_POOL_SIZE"],
+        app.config["DB_SYNCHRONOUS_COMMIT"]))
     Path(app.config["INSTANCE_PATH"]).mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -73,11 +74,14 @@ def _prepare_database(app: Flask) -> None:
     from sqlalchemy import event
     from sqlalchemy.exc import OperationalError
 
+    from .config import ping_when_idle
     from .extensions import db
     from .storage import check_schema, seed_catalog, upgrade
 
     engine = db.engine
-    if engine.dialect.name == "sqlite":
+    if engine.dialect.name != "sqlite":  # a SQLite file has no connection that a server could drop
+        ping_when_idle(engine, app.config["DB_PING_IDLE_S"])
+    else:
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
             cursor = dbapi_connection.cursor()

@@ -56,7 +56,7 @@ def predict(scenarios: str, store: bool) -> None:
             if store:
                 answers.append(recommendations.create(scenario))
             else:
-                answers.append(recommendations.predict(scenario)[0])
+                answers.append(recommendations.predict(scenario).data)
         except ValidationError as exc:
             failed += 1
             answers.append({"error": {"status": 422, "code": "validation_error",

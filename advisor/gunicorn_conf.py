@@ -45,6 +45,16 @@ def on_starting(server) -> None:  # noqa: ANN001
     os.makedirs(folder, exist_ok=True)
 
 
+def post_worker_init(worker) -> None:  # noqa: ANN001
+    """The app is loaded: its ~150,000 long-lived objects (modules, schemas, SQLAlchemy's tables) leave the
+    collector's view (gc.freeze). A full collection walked all of them, ~70 ms with every thread of the worker
+    stopped, about every 500 POSTs; now it walks what requests left behind."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def child_exit(server, worker) -> None:  # noqa: ANN001
     from prometheus_client import multiprocess
 

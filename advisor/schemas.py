@@ -308,6 +308,14 @@ class RecommendationQuerySchema(StrictSchema):
     created_before = fields.DateTime()
 
 
+class RecommendationListQuerySchema(RecommendationQuerySchema):
+    after_id = Id(metadata={"description": (
+        "Keyset pagination: the rows older than this id, newest first, up to page_size of them. The next page: "
+        "after_id = the last id of this page. Read from the index without OFFSET or a count, so a page costs the "
+        "same however long the list and however deep the page; `page` is ignored and no X-Pagination header is "
+        "sent.")})
+
+
 class CompareQuerySchema(StrictSchema):
     ids = DelimitedList(Id(), required=True, validate=validate.Length(min=2, max=6),
                                metadata={"description": "2–6 recommendation ids, comma separated."})

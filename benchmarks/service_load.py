@@ -10,7 +10,9 @@ requests/s, latency percentiles and the ratio service / anchor.
 Scenarios:
 - ``post``: POST /v1/recommendations, distinct scenarios; anchor: POST /echo with a body of the same size.
 - ``get``: GET /v1/recommendations/<id> over the stored answers; anchor: GET /hello.
-- ``list``: GET /v1/recommendations?page_size=100; anchor: GET /hello.
+- ``list``: GET /v1/recommendations?page_size=100 (pages 1-10); anchor: GET /hello.
+- ``list-keyset``: GET /v1/recommendations?page_size=100&after_id=<a stored id> (keyset pages anywhere in the
+  list); anchor: GET /hello.
 - ``duplicates``: ``--duplicate-posts`` POSTs from 20 distinct scenarios (the upsert race): counts 5xx and checks
   that every acknowledged id is stored.
 - ``slow-clients``: 50 sockets trickle a request header a byte per second while GET /v1/health is timed.
@@ -41,8 +43,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-SCENARIOS = ("in-process", "post", "get", "list", "duplicates", "slow-clients", "hung-db")
-TARGETS = {"post": 0.25, "get": 0.50, "list": 0.50}
+SCENARIOS = ("in-process", "post", "get", "list", "list-keyset", "duplicates", "slow-clients", "hung-db")
+TARGETS = {"post": 0.25, "get": 0.50, "list": 0.50, "list-keyset": 0.50}
 
 
 # --- the anchor ---------------------------------------------------------------------------------------------
@@ -400,7 +402,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"in_process": out.extras["in_process"]}), flush=True)
     if "post" in chosen:
         out.comparisons.append(compare("post", args, env, post, lambda i: _request("POST", "/echo", echo_body)))
-    if {"get", "list"} & set(chosen):
+    if {"get", "list", "list-keyset"} & set(chosen):
         server = Server(env, None, args.workers, args.threads)
         try:
             run_load(server.port, post, clients=args.clients, total=args.stored)
@@ -415,6 +417,11 @@ def main(args: argparse.Namespace) -> int:
         if "list" in chosen:
             out.comparisons.append(compare(
                 "list", args, env, lambda i: _request("GET", f"/v1/recommendations?page_size=100&page={1 + i % 10}"),
+                hello))
+        if "list-keyset" in chosen:
+            out.comparisons.append(compare(
+                "list-keyset", args, env,
+                lambda i: _request("GET", f"/v1/recommendations?page_size=100&after_id={rng.randint(101, args.stored)}"),
                 hello))
     if "duplicates" in chosen:
         out.extras["duplicates"] = duplicates(args, env)

@@ -2,6 +2,7 @@
 import flask_smorest
 import marshmallow as ma
 from flask_smorest import Page
+from flask_smorest.pagination import PaginationMetadataSchema
 from webargs import core
 from webargs.flaskparser import FlaskParser, is_json_request
 from werkzeug.exceptions import BadRequest, NotFound
@@ -60,6 +61,31 @@ class Blueprint(flask_smorest.Blueprint):
 
         return bounded
 
+    def _set_pagination_metadata(self, page_params, result, headers):  # noqa: ANN001, ANN202
+        if page_params.item_count == KEYSET_PAGE:  # a keyset page (``after_id``): nothing was counted
+            return result, headers
+        return super()._set_pagination_metadata(page_params, result, headers)
+
+    @staticmethod
+    def _make_pagination_metadata(page: int, page_size: int, item_count: int) -> dict:
+        """flask-smorest's ``X-Pagination`` metadata, dumped by one schema instance: flask-smorest builds a new
+        PaginationMetadataSchema per request, and building a marshmallow schema copies its fields (about a fifth
+        of a list page's time)."""
+        metadata = {"total": item_count, "total_pages": 0}
+        if item_count:
+            last_page = (item_count - 1) // page_size + 1
+            metadata.update(total_pages=last_page, first_page=1, last_page=last_page)
+            if page <= last_page:
+                metadata["page"] = page
+                if page > 1:
+                    metadata["previous_page"] = page - 1
+                if page < last_page:
+                    metadata["next_page"] = page + 1
+        return _PAGINATION_METADATA.dump(metadata)
+
+
+_PAGINATION_METADATA = PaginationMetadataSchema()
+KEYSET_PAGE = -1  # the item count a view sets for a keyset page: no X-Pagination header
 MAX_PAGE = 1_000_000  # page × page_size stays far inside a 64-bit OFFSET
 
 

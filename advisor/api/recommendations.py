@@ -9,10 +9,10 @@ from flask.views import MethodView
 from marshmallow import fields, validate
 
 from ..auth import token_required
-from ..schemas import (CompareQuerySchema, CompareSchema, RecommendationQuerySchema, RecommendationSchema,
-                       RecommendationSummarySchema, ScenarioSchema)
+from ..schemas import (CompareQuerySchema, CompareSchema, RecommendationListQuerySchema, RecommendationQuerySchema,
+                       RecommendationSchema, RecommendationSummarySchema, ScenarioSchema)
 from ..services import recommendations as service
-from . import Blueprint
+from . import KEYSET_PAGE, Blueprint
 
 blp = Blueprint("recommendations", __name__, url_prefix="/v1/recommendations",
                 description="Go / no-go answers for a workload, stored and immutable.")
@@ -32,13 +32,19 @@ class ExportQuerySchema(RecommendationQuerySchema):
 
 @blp.route("")
 class Recommendations(MethodView):
-    @blp.arguments(RecommendationQuerySchema, location="query")
+    @blp.arguments(RecommendationListQuerySchema, location="query")
     @blp.response(200, RecommendationSummarySchema(many=True))
     @blp.paginate()
     def get(self, filters, pagination_parameters):
-        """List stored recommendations (newest first), filtered by GPU, model, method, decision, date."""
-        body, pagination_parameters.item_count = service.summary_page(
-            filters, pagination_parameters.first_item, pagination_parameters.page_size)
+        """List stored recommendations (newest first), filtered by GPU, model, method, decision, date; by page
+        (with X-Pagination) or after an id (keyset)."""
+        after_id = filters.pop("after_id", None)
+        if after_id is not None:
+            body, pagination_parameters.item_count = service.page_after(
+                filters, after_id, pagination_parameters.page_size), KEYSET_PAGE
+        else:
+            body, pagination_parameters.item_count = service.summary_page(
+                filters, pagination_parameters.first_item, pagination_parameters.page_size)
         return json_response(body, 200)
 
     @token_required(unless_config="OPEN_RECOMMENDATIONS")

@@ -38,9 +38,10 @@ IMPLICIT_SLO_SOURCE = "default:baseline latency at the workload's concurrency"
 
 @dataclass
 class Prediction:
-    """The answer; ``to_dict()`` is the JSON the service stores and returns."""
+    """The answer; ``to_dict()`` is the JSON the service stores and returns, ``json_text`` the same encoded."""
 
     data: dict[str, Any]
+    json_text: str  # strict JSON (no NaN or ±Infinity), encoded once: what the service stores and sends
 
     def to_dict(self) -> dict[str, Any]:
         return self.data  # built fresh by each predict() call
@@ -382,7 +383,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     context_tokens = w.prompt_tokens + w.output_tokens
     mem0, res_b, res_s = _capacity(ctx)
     if mem0.max_concurrency_baseline < 1 or mem0.max_concurrency_speculative < 1:
-        return Prediction(_infeasible(ctx, mem0, checks))
+        return _prediction(_infeasible(ctx, mem0, checks))
 
     # Concurrency: given (clients; those beyond the resident cap queue), or Little's law on a dense grid.
     saturated = False
@@ -430,7 +431,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
                         s.gpu_memory_utilization, s.vram_gb, k)
     answer = _assemble(ctx, grid, pct[:, 1:], batch, ib, isp, curve_idx, k, (expected, low, high), mem, checks,
                        conc_base, conc_spec, conc_source, saturated, compared, (res_b, res_s))
-    return Prediction(finite_or_error(answer))
+    return _prediction(answer)
 
 
 def _capacity(ctx: Context) -> tuple[MemoryReport, float, float]:
@@ -450,13 +451,18 @@ def _capacity(ctx: Context) -> tuple[MemoryReport, float, float]:
     return mem, res_b, res_s
 
 
-def finite_or_error(answer: Any) -> Any:
-    """No NaN or infinity reaches an answer: a non-finite number is a CostModelError naming where it appeared."""
+def _prediction(answer: dict[str, Any]) -> Prediction:
+    return Prediction(answer, finite_json(answer))
+
+
+def finite_json(answer: Any) -> str:
+    """The answer as JSON text. No NaN or infinity reaches an answer: the encoder refuses them (C speed), and a
+    non-finite number is a CostModelError naming where it appeared (the walk only runs to name the path)."""
     try:
-        json.dumps(answer, allow_nan=False, default=float)  # C-speed check; the walk below only runs to name the path
+        return json.dumps(answer, allow_nan=False)
     except ValueError:
         _find_non_finite(answer)
-    return answer
+        raise
 
 
 def _find_non_finite(answer: Any, path: str = "") -> Any:

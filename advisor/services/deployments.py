@@ -238,7 +238,7 @@ def verdict_today(scenario: dict[str, Any], window: dict[str, Any]) -> dict[str,
 
     moved, sources = operating_point_scenario(scenario, window)
     try:
-        answer, _ = recommendations.predict(ScenarioSchema().load(moved))
+        answer = recommendations.predict(ScenarioSchema().load(moved)).data
     except ValidationError as exc:
         return {"error": f"the observed operating point is not a valid scenario: {exc.messages}", "scenario": moved}
     except ApiError as exc:

@@ -6,9 +6,8 @@ import fcntl
 import functools
 import hashlib
 import json
-import math
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import Select
@@ -40,8 +39,14 @@ def scenario_from_dict(data: dict[str, Any]) -> costmodel.Scenario:
     )
 
 
-def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-    """Compute (without storing) the answer for a validated scenario dict: ``(answer, calibration_run_id)``."""
+class Answer(NamedTuple):
+    data: dict[str, Any]  # the cost model's answer
+    calibration_run_id: int | None
+    text: str  # ``data`` as strict JSON text (no NaN or ±Infinity), encoded once by the cost model
+
+
+def predict(data: dict[str, Any]) -> Answer:
+    """Compute (without storing) the answer for a validated scenario dict."""
     scenario = scenario_from_dict(data)
     gpu_row = catalog.require_gpu(scenario.gpu)
     target_row = catalog.require_model(scenario.target_model, "target_model")
@@ -64,21 +69,7 @@ def predict(data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     except costmodel.CostModelError as exc:
         raise field_error(getattr(exc, "field", None) or "_schema", getattr(exc, "message", None) or str(exc)) from None
     answer = prediction.to_dict()
-    return answer, answer.get("calibration_run_id")
-
-
-def non_finite_path(data: Any, prefix: str = "") -> str | None:
-    """The path of the first NaN or ±Infinity in an answer, else None (JSON has no such numbers)."""
-    stack = [(data, prefix)]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, float) and not math.isfinite(node):
-            return path or "_schema"
-        if isinstance(node, dict):
-            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
-        elif isinstance(node, (list, tuple)):
-            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node))
-    return None
+    return Answer(answer, answer.get("calibration_run_id"), prediction.json_text)
 
 
 def summary_columns(scenario: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
@@ -105,17 +96,11 @@ def create(data: dict[str, Any]) -> dict[str, Any]:
 def create_with_json(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """Answer a validated scenario and store it: ``(stored answer, the same as JSON text)``.
 
-    The answer is encoded once: that text is what the database stores and what the response sends (encoding
-    refuses NaN and ±Infinity, which JSON cannot carry). One INSERT statement on PostgreSQL (the workload upsert
+    The answer is encoded once, by the cost model: that text is what the database stores and what the response
+    sends (encoding refuses NaN and ±Infinity, which JSON cannot carry). One INSERT statement on PostgreSQL (the workload upsert
     rides along as a CTE), two on SQLite; the upsert (``ON CONFLICT``) makes concurrent identical scenarios
     safe; nothing is read back after the commit."""
-    answer, run_id = predict(data)
-    try:
-        answer_text = json.dumps(answer, allow_nan=False)
-    except ValueError:  # belt and braces: the cost model should never produce these
-        bad = non_finite_path(answer)
-        raise ApiError(422, f"This scenario has no finite answer ('{bad}' is not a number); check its inputs.",
-                       fields={"_schema": [f"{bad} is not finite"]}) from None
+    answer, run_id, answer_text = predict(data)
     canonical = json.dumps(data, sort_keys=True, default=str)
     fingerprint = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     speculator = data["speculator"]
@@ -303,7 +288,29 @@ def summary_page(filters: dict[str, Any], offset: int, limit: int) -> tuple[str,
     with _read_connection() as connection:
         rows = connection.execute(query, params).all()
         total = rows[0][2] if rows else connection.execute(count, params).scalar_one()
-    return "[" + ", ".join(f'{{"id": {rec_id}, {text[1:]}' for rec_id, text, _ in rows) + "]", total
+    return _entries_text(rows), total
+
+
+def page_after(filters: dict[str, Any], after_id: int, limit: int) -> str:
+    """A keyset page of the list as JSON text: the matching rows older than ``after_id``, newest first. No OFFSET
+    and no count: the index is read from ``after_id`` down, so the page costs the same at any depth."""
+    keys = tuple(key for key in _FILTERS if filters.get(key))
+    params = {**{key: filters[key] for key in keys}, "after_id": after_id, "limit": limit}
+    with _read_connection() as connection:
+        rows = connection.execute(_keyset_statement(keys), params).all()
+    return _entries_text(rows)
+
+
+def _entries_text(rows: Any) -> str:
+    """The stored list entries of ``(id, summary, …)`` rows joined into a JSON array (nothing parsed)."""
+    return "[" + ", ".join(f'{{"id": {row[0]}, {row[1][1:]}' for row in rows) + "]"
+
+
+@functools.cache
+def _keyset_statement(keys: tuple[str, ...]) -> Select:
+    conditions = [_condition(key, sa.bindparam(key)) for key in keys]
+    return (sa.select(_TABLE.c.id, _TABLE.c.summary).where(_TABLE.c.id < sa.bindparam("after_id"), *conditions)
+            .order_by(_TABLE.c.id.desc()).limit(sa.bindparam("limit")))
 
 
 @functools.cache

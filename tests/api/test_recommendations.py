@@ -78,6 +78,34 @@ def test_list_filters_and_paginates(client):
     assert client.get("/v1/recommendations?created_after=2999-01-01T00:00:00").get_json() == []
 
 
+def test_keyset_pages_walk_the_list_without_a_count(client):
+    gpus = ("H100-SXM", "H200-SXM", "A100-80GB-SXM", "L40S", "H100-SXM", "H200-SXM", "H100-SXM")
+    for i, gpu in enumerate(gpus):
+        post(client, example_scenario(gpu=gpu, workload={**example_scenario()["workload"], "prompt_tokens": 100 + i}))
+    newest_first = client.get("/v1/recommendations?page_size=100").get_json()
+    walked, after, pages = [], 2**31 - 1, 0
+    while True:
+        page = client.get(f"/v1/recommendations?page_size=3&after_id={after}&page=5")  # page is ignored
+        assert page.status_code == 200 and "X-Pagination" not in page.headers
+        rows = page.get_json()
+        assert rows == newest_first[len(walked):len(walked) + 3]  # the same entries as the paged list
+        walked += rows
+        pages += 1
+        if len(rows) < 3:
+            break
+        after = rows[-1]["id"]
+    assert [r["id"] for r in walked] == [r["id"] for r in newest_first] and pages == 3
+    h100 = [r["id"] for r in newest_first if r["gpu"] == "H100-SXM"]
+    after_first = client.get(f"/v1/recommendations?gpu=H100-SXM&after_id={h100[0]}").get_json()
+    assert [r["id"] for r in after_first] == h100[1:]  # filters apply to keyset pages too
+    for bad in ("0", "-1", "2147483648", "x", "٣"):
+        response = client.get(f"/v1/recommendations?after_id={bad}")
+        assert response.status_code == 422 and "after_id" in json.dumps(response.get_json()), bad
+    spec = client.get("/v1/openapi.json").get_json()
+    names = {p["name"] for p in spec["paths"]["/v1/recommendations"]["get"]["parameters"]}
+    assert {"after_id", "page", "page_size"} <= names
+
+
 def test_open_loop_workloads_list_and_export(client):
     body = example_scenario()
     body["workload"] = {**body["workload"], "concurrency": None, "requests_per_second": 3.0}

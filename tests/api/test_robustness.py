@@ -361,6 +361,60 @@ def test_a_locked_table_is_a_503_not_a_stuck_worker(app, client, database_url):
     assert client.get("/v1/recommendations").status_code == 200
 
 
+@pytest.mark.postgres
+def test_connections_the_server_dropped_are_replaced_and_busy_ones_are_not_pinged(database_url, tmp_path):
+    """No pool_pre_ping round trip on every checkout: a connection is pinged only after it sat idle, and one the
+    server dropped meanwhile (a restart, an idle time-out) is replaced before a request uses it."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("a SQLite file has no server connection to drop")
+    from advisor import create_app
+    from advisor.extensions import db
+
+    app = create_app({"SQLALCHEMY_DATABASE_URI": database_url, "TESTING": True, "REDIS_URL": "",
+                      "INSTANCE_PATH": str(tmp_path), "DB_PING_IDLE_S": 0.3})
+    client = app.test_client()
+    with app.app_context():
+        engine = db.engine
+    pids, pings = set(), []
+    sa.event.listen(engine, "checkout", lambda dbapi, record, proxy: pids.add(dbapi.info.backend_pid))
+    ping = engine.dialect.do_ping
+    engine.dialect.do_ping = lambda connection: (pings.append(1), ping(connection))[1]
+    try:
+        for _ in range(5):  # back-to-back: no ping
+            assert client.get("/v1/recommendations").status_code == 200
+        assert pings == []
+        with sa.create_engine(database_url, isolation_level="AUTOCOMMIT").connect() as admin:
+            admin.execute(sa.text("SELECT pg_terminate_backend(pid) FROM unnest(CAST(:pids AS int[])) AS pid"),
+                          {"pids": sorted(pids)})
+        time.sleep(0.4)  # idle past DB_PING_IDLE_S
+        assert client.get("/v1/recommendations").status_code == 200
+        assert client.get("/v1/health").get_json()["database"] == "ok"
+        assert client.post("/v1/recommendations", json=example_scenario()).status_code == 201
+        assert pings  # the dropped connection was found by a ping, not by a request
+    finally:
+        del engine.dialect.do_ping
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_synchronous_commit_is_a_deployment_setting(database_url, tmp_path):
+    if not database_url.startswith("postgresql"):
+        pytest.skip("a PostgreSQL setting")
+    from advisor import create_app
+    from advisor.config import engine_options
+    from advisor.extensions import db
+
+    for setting in ("on", "off"):
+        app = create_app({"SQLALCHEMY_DATABASE_URI": database_url, "TESTING": True, "REDIS_URL": "",
+                          "INSTANCE_PATH": str(tmp_path), "DB_SYNCHRONOUS_COMMIT": setting})
+        with app.app_context():
+            assert db.session.execute(sa.text("SHOW synchronous_commit")).scalar() == setting
+            db.session.rollback()
+            db.engine.dispose()
+    with pytest.raises(ValueError, match="SYNCHRONOUS_COMMIT"):
+        engine_options(database_url, 5.0, 8, "local")
+
+
 # --- headers and error bodies --------------------------------------------------------------------------------
 def test_405_carries_allow_and_401_carries_www_authenticate(client):
     response = client.delete("/v1/recommendations")
