@@ -698,7 +698,8 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     detok = not cfg.skip_tokenizer_init
     short, many = _sampling(temperature, n_short + 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
     clock = cfg.step_clock or "wall"
-    fixed = _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
+    fixed = _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive) \
+        if clock == "engine" else None
 
     def prompts():
         if clock == "engine":
@@ -1404,6 +1405,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compiled", action="store_true", default=None,
                    help="CUDA graphs / torch.compile on the CPU too (default: eager on the CPU, compiled on GPUs)")
     p.add_argument("--kv-cache-space-gib", type=int, default=2)
+    p.add_argument("--step-clock", choices=("engine", "wall"), default=None,
+                   help="how steps are timed (default: vLLM's engine clock on GPUs, the wall clock on the CPU)")
     p.add_argument("--output", "-o", default="-", help="JSON file (default stdout)")
     args = p.parse_args(argv)
 
@@ -1435,6 +1438,7 @@ def main(argv: list[str] | None = None) -> int:
         load_format=args.load_format,
         enforce_eager=None if args.compiled is None else False,
         kv_cache_space_gib=args.kv_cache_space_gib,
+        step_clock=args.step_clock,
     )
     from tqdm import tqdm
 
