@@ -698,13 +698,11 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     detok = not cfg.skip_tokenizer_init
     short, many = _sampling(temperature, n_short + 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
     clock = cfg.step_clock or "wall"
-    fixed = _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive) \
-        if clock == "engine" else None
 
-    def prompts():
-        if clock == "engine":
-            return fixed
+    def prompts():  # fresh each call: the wall clock's generations must not hit the prefix cache
         return _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
+
+    fixed = prompts() if clock == "engine" else None  # the engine clock's, for every repeat
 
     def steps_of(outs, d: SpecCounters) -> float:
         tokens = sum(len(o.outputs[0].token_ids) for o in outs) / batch_size
