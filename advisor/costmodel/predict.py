@@ -124,6 +124,12 @@ class Context:
     profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from
 
 
+@lru_cache(maxsize=256)
+def _default_drafter_step(gpu: GpuSpec, engine: str, method: str) -> StepTimeParams:
+    """A drafter's uncalibrated step parameters (pure in its arguments: cached)."""
+    return with_proposer_prior(default_step_time_params(gpu, engine), engine, method)
+
+
 def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
                  profile: MeasuredEngineProfile | None = None) -> tuple[StepTimeParams, PrefillParams, str]:
     if calibration is not None and model is not None and model.name in calibration.step_time:
@@ -219,7 +225,7 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration, profile)
     d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration, profile)
     if d_source == "default":  # the drafter's per-forward overhead is a wide prior until measured
-        d_step = with_proposer_prior(d_step, s.engine, method)
+        d_step = _default_drafter_step(gpu, s.engine, method)
     k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
     acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
     return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
@@ -280,6 +286,30 @@ def _cached_step_samples(eta_bw: float, eta_f: float, fixed_s: float, cov: tuple
     return step
 
 
+_MC_STEPS: dict[tuple, StepSamples] = {}
+
+
+def _mc_step_samples(target: StepTimeParams, draft: StepTimeParams, samples: int) -> StepSamples:
+    """The Monte Carlo step-time draws (efficiencies, fixed, verify / proposer / per-sequence overheads, eager
+    drafter, timing spread): a pure function of the parameters below and the seed, cached per distinct set (catalog
+    defaults are shared by every scenario on a GPU class, engine and method)."""
+    cov = tuple(tuple(float(x) for x in row) for row in target.covariance) if target.covariance else None
+    key = (target.bandwidth_efficiency, target.compute_efficiency, target.fixed_overhead_s, cov,
+           target.verify_overhead_log_std, target.per_sequence_overhead_log_std, target.timing_rms_rel,
+           draft.proposer_overhead_log_std, draft.eager_probability, samples)
+    step = _MC_STEPS.get(key)
+    if step is None:
+        _, _, z_over, z_time = _mc_normals(samples)
+        step = _step_samples(target, samples).with_overheads(target, draft, z_over).with_timing_spread(target, z_time)
+        for value in vars(step).values():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        if len(_MC_STEPS) >= 256:
+            _MC_STEPS.clear()
+        _MC_STEPS[key] = step
+    return step
+
+
 def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarray, samples: int,
           k: int | None = None, compared: tuple[tuple[CycleSetup, AcceptanceModel], ...] = ()) -> Grid:
     """Point estimate over k = 1..k_max (samples == 1), or Monte Carlo draws (row 0 = point) at k alone if given.
@@ -304,8 +334,7 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         z_acc, _, z_over, z_time = _mc_normals(samples)
         coeffs = coefficients_from_normals(acc, z_acc)
         r = per_position_rates(acc, temperature, width, coeffs)
-        step = _step_samples(ctx.target_step, samples).with_overheads(ctx.target_step, ctx.draft_step, z_over) \
-            .with_timing_spread(ctx.target_step, z_time)
+        step = _mc_step_samples(ctx.target_step, ctx.draft_step, samples)
     fraction = np.full(samples, draft_fraction_at(acc, temperature))
     if samples > 1 and setup.method in COPY_DRAFTERS and not ctx.draft_fraction_given:
         fraction = sample_draft_fraction(float(fraction[0]), z_over[:, 4])  # row 0 stays the point

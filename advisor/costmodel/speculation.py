@@ -264,17 +264,24 @@ def queued(grid: Grid, resident_base: float, resident_spec: float) -> Grid:
     ``grid.batch`` must contain both caps where they are below its largest point."""
     c = grid.batch
 
-    def at(cap: float) -> tuple[np.ndarray, np.ndarray]:
+    def at(cap: float) -> tuple[np.ndarray, np.ndarray] | None:
+        if max(cap, 1.0) >= c[-1]:  # no point beyond the cap: the grid is unchanged (L·1.0 = L exactly)
+            return None
         b = np.minimum(c, max(cap, 1.0))
         idx = np.searchsorted(c, b)
         return idx, (c / b).reshape(1, -1, 1)
 
-    ib, wait_b = at(resident_base)
-    is_, wait_s = at(resident_spec)
-    return replace(
-        grid, step_base_s=grid.step_base_s[:, ib], tpot_base_s=grid.tpot_base_s[:, ib],
-        prefill_interleave_base_s=grid.prefill_interleave_base_s[:, ib],
-        latency_base_s=grid.latency_base_s[:, ib] * wait_b,
-        cycle_s=grid.cycle_s[:, is_], verify_s=grid.verify_s[:, is_], draft_s=grid.draft_s[:, is_],
-        tpot_spec_s=grid.tpot_spec_s[:, is_], prefill_interleave_spec_s=grid.prefill_interleave_spec_s[:, is_],
-        latency_spec_s=grid.latency_spec_s[:, is_] * wait_s)
+    base, spec = at(resident_base), at(resident_spec)
+    changes = {}
+    if base is not None:
+        ib, wait_b = base
+        changes.update(step_base_s=grid.step_base_s[:, ib], tpot_base_s=grid.tpot_base_s[:, ib],
+                       prefill_interleave_base_s=grid.prefill_interleave_base_s[:, ib],
+                       latency_base_s=grid.latency_base_s[:, ib] * wait_b)
+    if spec is not None:
+        is_, wait_s = spec
+        changes.update(cycle_s=grid.cycle_s[:, is_], verify_s=grid.verify_s[:, is_], draft_s=grid.draft_s[:, is_],
+                       tpot_spec_s=grid.tpot_spec_s[:, is_],
+                       prefill_interleave_spec_s=grid.prefill_interleave_spec_s[:, is_],
+                       latency_spec_s=grid.latency_spec_s[:, is_] * wait_s)
+    return replace(grid, **changes) if changes else grid
