@@ -207,6 +207,10 @@ def reject_unstorable_strings() -> None:
         body = request.get_json()  # malformed or abusive JSON is a 400 on every route, those that ignore bodies too
     elif request.is_json:
         body = request.get_json(silent=True)
+    if body is not None:
+        raw = request.get_data(cache=True)
+        if raw.isascii() and b"\\u" not in raw:  # parsed strings hold no raw control character (the parser
+            body = None  # refuses them), so without an escape no string can hold NUL or a lone surrogate
     for data in (request.view_args or {}, *({key: value} for key, value in pairs), body):
         field = find_unstorable(data)
         if field:

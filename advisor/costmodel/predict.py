@@ -484,11 +484,16 @@ def _prediction(answer: dict[str, Any]) -> Prediction:
     return Prediction(answer, finite_json(answer))
 
 
+# json.dumps(answer, allow_nan=False), without building an encoder per call or tracking containers (an answer is a
+# tree the cost model built, never circular)
+_STRICT_JSON = json.JSONEncoder(allow_nan=False, check_circular=False)
+
+
 def finite_json(answer: Any) -> str:
     """The answer as JSON text. No NaN or infinity reaches an answer: the encoder refuses them (C speed), and a
     non-finite number is a CostModelError naming where it appeared (the walk only runs to name the path)."""
     try:
-        return json.dumps(answer, allow_nan=False)
+        return _STRICT_JSON.encode(answer)
     except ValueError:
         _find_non_finite(answer)
         raise

@@ -126,3 +126,15 @@ def test_a_method_the_target_cannot_run_is_a_422_naming_it(client, speculator):
     response = client.post("/v1/recommendations", json=example_scenario(speculator=speculator, acceptance=None))
     assert response.status_code == 422
     assert "speculator.method" in response.get_json()["error"]["fields"]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"gpu": "H100\xed\xa0\x80"}',  # a lone surrogate as raw bytes (JSON's decoder passes surrogates through)
+    '{"gpu": "H100\ud800"}'.encode("utf-16", "surrogatepass"),  # a UTF-16 body: not ASCII, no backslash escape
+    b'{"gpu": "\xc3\xa9", "target_model": "\\ud800"}',  # non-ASCII and an escape
+])
+def test_unstorable_text_in_raw_bodies_is_a_422(client, raw):
+    """Bodies of plain ASCII without a backslash-u escape skip the walk for unstorable strings; these must not."""
+    response = client.post("/v1/recommendations", data=raw, content_type="application/json")
+    assert response.status_code == 422, response.get_json()
+    assert {"gpu", "target_model"} & set(response.get_json()["error"]["fields"])
