@@ -39,6 +39,12 @@ def scenario_from_dict(data: dict[str, Any]) -> costmodel.Scenario:
     )
 
 
+# json.dumps(data, sort_keys=True, default=str) and json.dumps(data, allow_nan=False), with their encoder built
+# once rather than at each call
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)
+
+
 class Answer(NamedTuple):
     data: dict[str, Any]  # the cost model's answer
     calibration_run_id: int | None
@@ -101,7 +107,7 @@ def create_with_json(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
     rides along as a CTE), two on SQLite; the upsert (``ON CONFLICT``) makes concurrent identical scenarios
     safe; nothing is read back after the commit."""
     answer, run_id, answer_text = predict(data)
-    canonical = json.dumps(data, sort_keys=True, default=str)
+    canonical = _CANONICAL_JSON.encode(data)
     fingerprint = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     speculator = data["speculator"]
     now = utcnow()
@@ -294,7 +300,7 @@ def summary_text(values: dict[str, Any]) -> str:
         if value is not None:
             value = value.isoformat() if column == "created_at" else kind(value)
         out[name] = value
-    return json.dumps(out, allow_nan=False)
+    return _STRICT_JSON.encode(out)
 
 
 _FILTERS = {"gpu": "==", "target_model": "==", "method": "==", "decision": "==",
