@@ -109,7 +109,14 @@ def engine_profiles() -> tuple[costmodel.MeasuredEngineProfile, ...]:
 
 
 def _spec(cls: type, row: Any) -> Any:
-    return cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})
+    """The cost model's spec of a catalog row; a cached snapshot (never changed) keeps its spec, built once."""
+    snapshot = isinstance(row, SimpleNamespace)
+    spec = row.__dict__.get("_spec") if snapshot else None
+    if type(spec) is not cls:
+        spec = cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})
+        if snapshot:
+            row._spec = spec
+    return spec
 
 
 def gpu_spec(row: Gpu) -> costmodel.GpuSpec:
