@@ -186,15 +186,17 @@ def _free_port() -> int:
 class Server:
     """gunicorn with advisor/gunicorn_conf.py; ``app`` overrides its wsgi_app (the anchor)."""
 
-    def __init__(self, env: dict[str, str], app: str | None = None, workers: int = 2, threads: int = 64) -> None:
+    def __init__(self, env: dict[str, str], app: str | None = None, workers: int = 2, threads: int = 64,
+                 root: Path = REPO_ROOT) -> None:
+        """``root``: the source tree to serve (another checkout, for an A/B of two trees)."""
         self.port = _free_port()
         env = {**os.environ, **env, "SPECADVISOR_BIND": f"127.0.0.1:{self.port}", "SPECADVISOR_WORKERS": str(workers),
                "SPECADVISOR_THREADS": str(threads), "SPECADVISOR_ACCESS_LOG": "", "SPECADVISOR_AUTO_MIGRATE": "0",
-               "PYTHONPATH": str(REPO_ROOT)}
+               "PYTHONPATH": str(root)}
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         command = [sys.executable, "-m", "gunicorn", "-c", "python:advisor.gunicorn_conf"] + ([app] if app else [])
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(command, env=env, cwd=root, stdout=self.log, stderr=subprocess.STDOUT)
         try:
             self._wait_ready()
         except BaseException:
@@ -215,6 +217,16 @@ class Server:
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError("server did not start")
+
+    def worker_cpu_s(self) -> float:
+        """CPU seconds (user + system) used so far by the gunicorn workers (Linux /proc)."""
+        kids = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        total = 0.0
+        for pid in kids:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import current_app
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from .. import costmodel
 from ..errors import ApiError
@@ -167,14 +168,17 @@ def _recent_calibrations(hardware: str, target: str) -> list[costmodel.Calibrati
         return hit[1]
     if len(_RECENT) >= 4096:
         _RECENT.clear()
-    runs = db.session.scalars(
-        select(CalibrationRun)
-        .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,
-               CalibrationRun.status == "succeeded")
-        .order_by(CalibrationRun.id.desc())
-        .limit(RECENT_RUNS)
-    )
-    calibrations = [to_calibration(run) for run in runs]
+    # a session of its own, closed (its connection back in the pool) once the runs are converted: the request's
+    # session would hold a connection until the request ended, while a POST's INSERT needs one too
+    with Session(db.engine) as session:
+        runs = session.scalars(
+            select(CalibrationRun)
+            .where(CalibrationRun.hardware == hardware, CalibrationRun.target_model == target,
+                   CalibrationRun.status == "succeeded")
+            .order_by(CalibrationRun.id.desc())
+            .limit(RECENT_RUNS)
+        )
+        calibrations = [to_calibration(run) for run in runs]
     _RECENT[key] = (now, calibrations)
     return calibrations
 

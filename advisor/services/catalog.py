@@ -69,7 +69,10 @@ def _snapshot(cls: type, name: str) -> SimpleNamespace | None:
     ttl = current_app.config.get("CATALOG_CACHE_S", 5.0)
     if hit is not None and now - hit[0] < ttl:
         return hit[1]
-    row = db.session.execute(select(cls.__table__).where(cls.__table__.c.name == name)).first()
+    # a connection of its own, back in the pool at once: the request's session would keep one until the request
+    # ended, and a POST's INSERT then needs a second (under load the pool ran dry when the cache expired)
+    with db.engine.connect() as connection:
+        row = connection.execute(select(cls.__table__).where(cls.__table__.c.name == name)).first()
     if row is None:
         return None  # unknown names are not cached: clients choose them
     if len(_SNAPSHOTS) >= _MAX_SNAPSHOTS:

@@ -61,6 +61,29 @@ def test_concurrent_identical_posts_all_succeed(app, client, monkeypatch):
     assert {row["id"] for row in listed} == ids  # every acknowledged answer is stored
 
 
+def test_a_post_with_cold_caches_needs_one_pooled_connection_at_a_time(app, database_url, tmp_path):
+    """A POST whose catalog and calibration caches had expired read them through the request's ORM session, which
+    kept its connection until the request ended, and its INSERT then took a second one. Under load every thread did
+    so when the caches expired together (every 5 s): the pool ran dry and POSTs waited for a 503 (30 s on SQLite,
+    5 s on PostgreSQL). With a pool of one connection and no overflow, the POST must still be answered."""
+    from advisor import create_app
+    from advisor.config import engine_options
+    from advisor.extensions import db
+    from advisor.services import calibrations, catalog
+
+    options = {**engine_options(database_url, 1.0, 1), "pool_size": 1, "max_overflow": 0, "pool_timeout": 1.0}
+    tight = create_app({"SQLALCHEMY_DATABASE_URI": database_url, "TESTING": True, "REDIS_URL": "",
+                        "INSTANCE_PATH": str(tmp_path), "SQLALCHEMY_ENGINE_OPTIONS": options})
+    catalog.forget_snapshots()
+    calibrations.forget_newest()
+    try:
+        response = tight.test_client().post("/v1/recommendations", json=example_scenario())
+        assert response.status_code == 201, response.get_json()
+    finally:
+        with tight.app_context():
+            db.engine.dispose()
+
+
 def test_concurrent_catalog_creates_one_201_the_rest_409(app, client, auth):
     from sqlalchemy.orm import Session
 
