@@ -177,3 +177,33 @@ def test_engine_clock_runs_halve_the_probe_time_and_keep_n_gram_within_ten_perce
             assert statistics.median(ngram) <= 0.10 and got["summary"]["sign_right"] >= 35
             assert all((p["measured"] > 1) == (p["predicted"] > 1) for p in got["points"] if p["method"] == "draft_model")
     capsys.readouterr()
+
+
+RUN5, RUN5B = RUN.parent / "h200-vllm0.24-run5", RUN.parent / "h200-vllm0.24-run5-second"
+
+
+def test_run5_calibrates_within_180_s_on_a_used_node_and_meets_the_targets(tmp_path, capsys):
+    """Run 5 (2026-12-01, done-and-wait hand-over, on a lease where vLLM had run once): both calibrations within
+    180 s; on its own calibration the closed loop meets the median and break-even targets with 35/36 signs; the
+    second calibration (same lease) predicts the same measurements with every sign right."""
+    for run in (RUN5, RUN5B):
+        info = json.loads((run / "calibration-run.json").read_text())
+        assert info["status"] == "succeeded" and info["wall_s"] <= 180 and info["split_s"]["probes"] < 65
+    for name, calibration in (("closed-loop-result.json", None), ("closed-loop-result-second-calibration.json", RUN5B)):
+        out = tmp_path / name
+        gcl.analyze(RUN5, out, calibration)
+        got = json.loads(out.read_text())
+        assert got["summary"] == json.loads((RUN5 / name).read_text())["summary"]
+        assert got["summary"]["median_abs_error"] <= 0.10 and got["summary"]["sign_right"] >= 35
+    capsys.readouterr()
+    assert json.loads((RUN5 / "closed-loop-result-second-calibration.json").read_text())["summary"]["sign_right"] == 36
+
+
+def test_draft_model_cycle_follows_the_host_cpu():
+    """benchmarks/draft_host.py on the H200: a 0.24 draft-model cycle (no CUDA graphs) slows ~1.5x when the host's
+    other cores are busy, at the same GPU clock; the garbage collector is not what makes it vary."""
+    data = json.loads((RUN5 / "draft-host.json").read_text())
+    med = {c: v["median_ms"] for c, v in data["summary"].items()}
+    assert med["loaded"] > 1.4 * max(med["free"], med["free2"])
+    assert med["gc_off"] > 0.9 * med["free"] and med["pinned"] <= med["free"]
+    assert {s["sm_clock_mhz"] for s in data["samples"]} == {1980}
