@@ -1,0 +1,162 @@
+"""What the probes' repeated timings do to the speedup interval (issue 8): every stored closed loop re-analysed with
+the step-time fit's spread as before (rms residual; overhead σ from standard errors) and with the repeats' pooled
+spread as a floor (``calibration.fit.repeat_spread_floors``). Analysis of stored records only, no timing.
+
+For each (measurements, calibration) pair: the pooled repeat σ of steps and of model drafters' cycles, the proposer
+overhead's share of those cycles, ``timing_rms_rel`` and ``proposer_overhead_log_std`` before → after, and the
+closed loop's median |error|, signs right, interval coverage and median relative interval width (high − low) /
+predicted, over all points and per method.
+
+    python -m benchmarks.repeat_spread [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+
+from benchmarks import closed_loop as cl
+from benchmarks import gpu_closed_loop as gcl
+from advisor.costmodel.decision import GO_THRESHOLD as GO
+from calibration import fit
+
+DATA = gcl.REPO_ROOT / "benchmarks" / "data"
+H200 = "h200-vllm0.24"
+# (measurements, calibration) of every stored H200 closed loop, as tests/calibration/test_gpu_data.py pairs them
+GPU_PAIRS = ((H200, H200), (f"{H200}-run2", f"{H200}-run2"), (f"{H200}-run2", f"{H200}-run2-repeat"),
+             (f"{H200}-run2", H200), (f"{H200}-run3", f"{H200}-run3"), (f"{H200}-run3", f"{H200}-run4"),
+             (f"{H200}-run4", f"{H200}-run4"), (f"{H200}-run4", f"{H200}-run3"), (f"{H200}-run5", f"{H200}-run5"),
+             (f"{H200}-run5", f"{H200}-run5-second"))
+# (name, calibration records, measurements) of the CPU closed loop (docs/closed-loop.md)
+CPU_RUNS = (("cpu plan", "closed_loop_2026-12-01-plan-records.jsonl", ("closed_loop_2026-12-01-plan-measurements.jsonl",)),
+            ("cpu plan, repeat measurement", "closed_loop_2026-12-01-plan-records.jsonl",
+             ("closed_loop_2026-12-01-plan-measurements-repeat.jsonl",)),
+            ("cpu engine clock", "closed_loop_2026-12-01-engine-clock-records.jsonl",
+             ("closed_loop_2026-12-01-plan-measurements.jsonl",)))
+
+
+def _rows(points: list[tuple[str, float, float, float, float, str]]) -> dict:
+    """(method, measured, predicted, low, high, decision) -> summary over all points and per method. ``decisive``:
+    answers go or no-go (not "calibrate": the interval straddles the 1.05× threshold); ``wrong``: go where the
+    measurement lost, or no-go where it gained more than 5 %."""
+    def summary(ps):
+        err = sorted(abs(p / m - 1) for _, m, p, _, _, _ in ps)
+        return {"n": len(ps), "median_abs_error": err[len(err) // 2],  # gpu_closed_loop.summarise's median
+                "sign_right": sum((p > 1) == (m > 1) for _, m, p, _, _, _ in ps),
+                "coverage": sum(lo <= m <= hi for _, m, _, lo, hi, _ in ps) / len(ps),
+                "median_rel_width": statistics.median((hi - lo) / p for _, _, p, lo, hi, _ in ps),
+                "decisive": sum(d in ("go", "no-go") for *_, d in ps),
+                "wrong": sum((d == "go" and m < 1) or (d == "no-go" and m > GO) for _, m, _, _, _, d in ps)}
+    out = {"all": summary(points)}
+    for method in sorted({p[0] for p in points}):
+        out[method] = summary([p for p in points if p[0] == method])
+    return out
+
+
+def _spread(params: dict, residuals: list[float], points: list[fit.StepPoint]) -> dict:
+    """The step-time fit's spread: the repeats' pooled σ (steps; model drafters' cycles), its rms residual, and
+    the σ the interval samples."""
+    steps, cycles = fit.repeat_spreads(points)
+    return {"steps_sigma": steps, "cycles_sigma": cycles,
+            "rms_residual": float(np.sqrt(np.mean(np.square(residuals)))),
+            "timing_rms_rel": params["timing_rms_rel"], "proposer_overhead_log_std": params["proposer_overhead_log_std"]}
+
+
+def gpu_case(meas: str, calib: str) -> dict:
+    records = gcl.calibration_records(DATA / calib)
+    points, results = gcl.predict_measurements(DATA / meas, records)
+    step = results[f"step_time:{gcl.TARGET}"]
+    _, target, draft = gcl.catalog_specs()
+    engines = [r["params"]["engine"] for r in records]
+    models = {(e.get("speculative_config") or {}).get("model"): draft for e in engines
+              if (e.get("speculative_config") or {}).get("method") == "draft_model"}
+    path = next(e["model"] for e in engines if e["label"] == "target")
+    return {"name": meas if meas == calib else f"{meas} ← {calib}",
+            "fit": _spread(step.params.to_dict(), step.residuals, fit.step_points(records, target, path, models)),
+            "closed_loop": _rows([(p.method, p.measured, p.predicted, p.low, p.high, p.extra["decision"]) for p in points])}
+
+
+def cpu_case(name: str, records_file: str, measurement_files: tuple[str, ...]) -> dict:
+    records = gcl.load_jsonl(DATA / records_file)
+    measurements = cl.pool_measurements([m for f in measurement_files for m in gcl.load_jsonl(DATA / f)])
+    results, fits = cl.compare(cl.workloads(), measurements, records)
+    step = next(f for f in fits if f["kind"] == "step_time")
+    _, target = cl.load_catalog()
+    models = _cpu_models(records, target)
+    path = next(p for p in fit.model_paths(records) if p not in models)  # as fit_run picks the target's records
+    return {"name": name, "fit": _spread(step["params"], step["residuals"], fit.step_points(records, target, path, models)),
+            "closed_loop": _rows([(r.method, r.measured_speedup, r.predicted_speedup, r.predicted_low,
+                                   r.predicted_high, r.decision) for r in results])}
+
+
+def _cpu_models(records: list[dict], target) -> dict:
+    """The truncated copies' paths -> specs (as ``closed_loop.build_calibration`` joins them)."""
+    out = {}
+    for r in records:
+        label = r["params"]["engine"].get("label", "")
+        if label.startswith("truncated-"):
+            layers = int(label.split("-")[1].rstrip("l"))
+            out[r["params"]["engine"]["model"]] = dataclasses.replace(target, name=f"{target.name}-{layers}l",
+                                                                      num_layers=layers)
+    return out
+
+
+def run_all() -> list[dict]:
+    cases = [(gpu_case, pair) for pair in GPU_PAIRS] + [(cpu_case, run) for run in CPU_RUNS]
+    out = []
+    for fn, args in cases:
+        with mock.patch.object(fit, "repeat_spread_floors", lambda *a, **k: {}):
+            before = fn(*args)
+        after = fn(*args)
+        out.append({"name": after["name"], "before": before, "after": after})
+    return out
+
+
+def _fmt(x: float | None, pct: bool = True) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| closed loop (measurements ← calibration) | repeat σ steps / model cycles | timing_rms_rel | "
+             "proposer σ ln | median \\|error\\| | sign | coverage | median rel. width | go/no-go answers (wrong) | "
+             "draft model: coverage, width |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b, a = r["before"], r["after"]
+        fb, fa, cb, ca = b["fit"], a["fit"], b["closed_loop"], a["closed_loop"]
+        dm_b, dm_a = cb.get("draft_model"), ca.get("draft_model")
+        dm = (f"{_fmt(dm_b['coverage'])} → {_fmt(dm_a['coverage'])}, {_fmt(dm_b['median_rel_width'])} → "
+              f"{_fmt(dm_a['median_rel_width'])}") if dm_b else "-"
+        lines.append(
+            f"| {r['name']} | {_fmt(fa['steps_sigma'])} / {_fmt(fa['cycles_sigma'])} | "
+            f"{_fmt(fb['timing_rms_rel'])} → {_fmt(fa['timing_rms_rel'])} | "
+            f"{fb['proposer_overhead_log_std']:.2f} → {fa['proposer_overhead_log_std']:.2f} | "
+            f"{_fmt(cb['all']['median_abs_error'])} → {_fmt(ca['all']['median_abs_error'])} | "
+            f"{cb['all']['sign_right']} → {ca['all']['sign_right']} / {ca['all']['n']} | "
+            f"{_fmt(cb['all']['coverage'])} → {_fmt(ca['all']['coverage'])} | "
+            f"{_fmt(cb['all']['median_rel_width'])} → {_fmt(ca['all']['median_rel_width'])} | "
+            f"{cb['all']['decisive']} ({cb['all']['wrong']}) → {ca['all']['decisive']} ({ca['all']['wrong']}) | {dm} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=None, help="write the full comparison as JSON here")
+    args = parser.parse_args(argv)
+    rows = run_all()
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
