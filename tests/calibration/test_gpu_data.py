@@ -103,7 +103,11 @@ def test_profile_gives_measured_answers(specs):
     items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
     profile = MeasuredEngineProfile.from_dict(items[0])
     dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
-    assert dm["decision"] == "no-go" and dm["speedup"]["high"] < 1.0  # measured: 0.68× at B = 1
+    # measured 0.46-0.68× at B = 1 over five leases; the profile's draft-model cycles repeated 22 % apart (host-bound),
+    # so at small batches its interval reaches that spread and straddles the threshold: never "go"
+    assert dm["decision"] == "calibrate" and dm["speedup"]["expected"] < 0.7 and dm["speedup"]["low"] < 0.46
+    big = predict(_scenario("draft_model", 64), gpu, target, draft, profile=profile, samples=400).to_dict()
+    assert big["decision"] == "no-go" and big["speedup"]["high"] < 1.0
     assert dm["engine_profile"]["name"] == "H200-SXM × vLLM 0.24"
     assert dm["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24"
     assert any("without CUDA graphs" in r for r in dm["reasons"])
@@ -207,3 +211,16 @@ def test_draft_model_cycle_follows_the_host_cpu():
     assert med["loaded"] > 1.4 * max(med["free"], med["free2"])
     assert med["gc_off"] > 0.9 * med["free"] and med["pinned"] <= med["free"]
     assert {s["sm_clock_mhz"] for s in data["samples"]} == {1980}
+
+
+def test_repeat_spread_carried_into_the_interval_covers_every_stored_closed_loop(fitted):
+    """Issue 8: the probes' repeats floor the interval's spread (``calibration.fit.repeat_spread_floors``). Every
+    stored H200 closed loop -- on its own calibration and on another lease's -- is now covered at ≥ 85 % (before:
+    75-100 %, misses on draft-model points); the shipped profile's proposer σ is the repeats' spread of draft-model
+    cycles (22.5 %) over the proposer's share of them, far above its standard error (0.13)."""
+    for run in (RUN, RUN2, RUN3, RUN4, RUN5):
+        for path in sorted(run.glob("closed-loop-result*.json")):
+            assert json.loads(path.read_text())["summary"]["interval_coverage"] >= 0.85, path
+    params = fitted[0].step_time[gcl.TARGET]
+    assert 0.4 < params.proposer_overhead_log_std < 0.7
+    assert params.timing_rms_rel > fitted[1][f"step_time:{gcl.TARGET}"].rmse_rel  # the steps' repeats: 9.2 %
