@@ -303,13 +303,10 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     from advisor.costmodel import Calibration
     from calibration.fit import fit_run
 
-    engines = [r["params"]["engine"] for r in records]
-    target_path = next(e["model"] for e in engines if e["label"] == "target")
-    draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
-                   if (e.get("speculative_config") or {}).get("method") == "draft_model"}
+    target_path, models = fit_models(records, draft)
     results: dict = {}
-    fits = fit_run(records, gpu, target, draft, "draft_model", draft.name, target_path=target_path,
-                   models={p: draft for p in draft_paths if p}, results=results)
+    fits = fit_run(records, gpu, target, draft, "draft_model", draft.name, target_path=target_path, models=models,
+                   results=results)
     by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
     for f in fits:
         by_kind[f["kind"]][f["key"]] = f["params"]
@@ -319,6 +316,15 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
                                  "weights_dtype": "bf16", "tensor_parallel_size": tensor_parallel_size(records),
                                  "engine_mode": "graphs"})
     return cal, results
+
+
+def fit_models(records: list[dict], draft) -> tuple[str, dict]:
+    """The target engine's checkpoint path, and the draft model's path(s) -> ``draft`` (joined into the joint fit)."""
+    engines = [r["params"]["engine"] for r in records]
+    target_path = next(e["model"] for e in engines if e["label"] == "target")
+    draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
+                   if (e.get("speculative_config") or {}).get("method") == "draft_model"}
+    return target_path, {p: draft for p in draft_paths if p}
 
 
 def tensor_parallel_size(records: list[dict]) -> int:

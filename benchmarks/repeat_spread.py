@@ -2,17 +2,16 @@
 the step-time fit's spread as before (rms residual; overhead σ from standard errors) and with the repeats' pooled
 spread as a floor (``calibration.fit.repeat_spread_floors``). Analysis of stored records only, no timing.
 
-For each (measurements, calibration) pair: the pooled repeat σ of steps and of model drafters' cycles, the proposer
-overhead's share of those cycles, ``timing_rms_rel`` and ``proposer_overhead_log_std`` before → after, and the
-closed loop's median |error|, signs right, interval coverage and median relative interval width (high − low) /
-predicted, over all points and per method.
+For each (measurements, calibration) pair: the pooled repeat σ of steps and of model drafters' cycles,
+``timing_rms_rel`` and ``proposer_overhead_log_std`` before → after, and the closed loop's median |error|, signs
+right, interval coverage, median relative interval width (high − low) / predicted, and go/no-go answers, over all
+points and per method. "Before" is the same fit with ``repeat_spread_floors`` switched off.
 
     python -m benchmarks.repeat_spread [--json OUT]
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -21,9 +20,9 @@ from unittest import mock
 
 import numpy as np
 
+from advisor.costmodel.decision import GO_THRESHOLD as GO
 from benchmarks import closed_loop as cl
 from benchmarks import gpu_closed_loop as gcl
-from advisor.costmodel.decision import GO_THRESHOLD as GO
 from calibration import fit
 
 DATA = gcl.REPO_ROOT / "benchmarks" / "data"
@@ -34,7 +33,8 @@ GPU_PAIRS = ((H200, H200), (f"{H200}-run2", f"{H200}-run2"), (f"{H200}-run2", f"
              (f"{H200}-run4", f"{H200}-run4"), (f"{H200}-run4", f"{H200}-run3"), (f"{H200}-run5", f"{H200}-run5"),
              (f"{H200}-run5", f"{H200}-run5-second"))
 # (name, calibration records, measurements) of the CPU closed loop (docs/closed-loop.md)
-CPU_RUNS = (("cpu plan", "closed_loop_2026-12-01-plan-records.jsonl", ("closed_loop_2026-12-01-plan-measurements.jsonl",)),
+CPU_RUNS = (("cpu plan", "closed_loop_2026-12-01-plan-records.jsonl",
+             ("closed_loop_2026-12-01-plan-measurements.jsonl",)),
             ("cpu plan, repeat measurement", "closed_loop_2026-12-01-plan-records.jsonl",
              ("closed_loop_2026-12-01-plan-measurements-repeat.jsonl",)),
             ("cpu engine clock", "closed_loop_2026-12-01-engine-clock-records.jsonl",
@@ -65,7 +65,8 @@ def _spread(params: dict, residuals: list[float], points: list[fit.StepPoint]) -
     steps, cycles = fit.repeat_spreads(points)
     return {"steps_sigma": steps, "cycles_sigma": cycles,
             "rms_residual": float(np.sqrt(np.mean(np.square(residuals)))),
-            "timing_rms_rel": params["timing_rms_rel"], "proposer_overhead_log_std": params["proposer_overhead_log_std"]}
+            "timing_rms_rel": params["timing_rms_rel"],
+            "proposer_overhead_log_std": params["proposer_overhead_log_std"]}
 
 
 def gpu_case(meas: str, calib: str) -> dict:
@@ -73,13 +74,11 @@ def gpu_case(meas: str, calib: str) -> dict:
     points, results = gcl.predict_measurements(DATA / meas, records)
     step = results[f"step_time:{gcl.TARGET}"]
     _, target, draft = gcl.catalog_specs()
-    engines = [r["params"]["engine"] for r in records]
-    models = {(e.get("speculative_config") or {}).get("model"): draft for e in engines
-              if (e.get("speculative_config") or {}).get("method") == "draft_model"}
-    path = next(e["model"] for e in engines if e["label"] == "target")
+    path, models = gcl.fit_models(records, draft)
     return {"name": meas if meas == calib else f"{meas} ← {calib}",
             "fit": _spread(step.params.to_dict(), step.residuals, fit.step_points(records, target, path, models)),
-            "closed_loop": _rows([(p.method, p.measured, p.predicted, p.low, p.high, p.extra["decision"]) for p in points])}
+            "closed_loop": _rows([(p.method, p.measured, p.predicted, p.low, p.high, p.extra["decision"])
+                                  for p in points])}
 
 
 def cpu_case(name: str, records_file: str, measurement_files: tuple[str, ...]) -> dict:
@@ -88,23 +87,12 @@ def cpu_case(name: str, records_file: str, measurement_files: tuple[str, ...]) -
     results, fits = cl.compare(cl.workloads(), measurements, records)
     step = next(f for f in fits if f["kind"] == "step_time")
     _, target = cl.load_catalog()
-    models = _cpu_models(records, target)
+    models = cl.truncated_models(records, target)
     path = next(p for p in fit.model_paths(records) if p not in models)  # as fit_run picks the target's records
-    return {"name": name, "fit": _spread(step["params"], step["residuals"], fit.step_points(records, target, path, models)),
+    return {"name": name,
+            "fit": _spread(step["params"], step["residuals"], fit.step_points(records, target, path, models)),
             "closed_loop": _rows([(r.method, r.measured_speedup, r.predicted_speedup, r.predicted_low,
                                    r.predicted_high, r.decision) for r in results])}
-
-
-def _cpu_models(records: list[dict], target) -> dict:
-    """The truncated copies' paths -> specs (as ``closed_loop.build_calibration`` joins them)."""
-    out = {}
-    for r in records:
-        label = r["params"]["engine"].get("label", "")
-        if label.startswith("truncated-"):
-            layers = int(label.split("-")[1].rstrip("l"))
-            out[r["params"]["engine"]["model"]] = dataclasses.replace(target, name=f"{target.name}-{layers}l",
-                                                                      num_layers=layers)
-    return out
 
 
 def run_all() -> list[dict]:
@@ -118,10 +106,8 @@ def run_all() -> list[dict]:
     return out
 
 
-def _fmt(x: float | None, pct: bool = True) -> str:
-    if x is None:
-        return "-"
-    return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
 
 
 def format_table(rows: list[dict]) -> str:

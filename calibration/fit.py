@@ -403,7 +403,7 @@ def repeat_log_std(points: Sequence[StepPoint]) -> float | None:
     dof = sum(len(g) - 1 for g in groups)
     if dof == 0:
         return None
-    # pooled variance Σ_i Σ_j (y_ij − ȳ_i)² / Σ_i (n_i − 1): unbiased for a common σ² (the one-way ANOVA error mean square)
+    # pooled variance Σ_i Σ_j (y_ij − ȳ_i)² / Σ_i (n_i − 1): unbiased for a common σ² (one-way ANOVA error mean square)
     return float(np.sqrt(sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / dof))
 
 
