@@ -1,17 +1,22 @@
 """What the probes' repeated timings do to the speedup interval (issue 8): every stored closed loop re-analysed with
-the step-time fit's spread as before (rms residual; overhead σ from standard errors) and with the repeats' pooled
-spread as a floor (``calibration.fit.repeat_spread_floors``). Analysis of stored records only, no timing.
+the step-time fit's spread as before (rms residual; overhead σ from standard errors) and with the repeats' spread as
+a floor (``calibration.fit.repeat_spread_floors``). Analysis of stored records only, no timing.
 
-For each (measurements, calibration) pair: the pooled repeat σ of steps and of model drafters' cycles,
-``timing_rms_rel`` and ``proposer_overhead_log_std`` before → after, and the closed loop's median |error|, signs
-right, interval coverage, median relative interval width (high − low) / predicted, and go/no-go answers, over all
-points and per method. "Before" is the same fit with ``repeat_spread_floors`` switched off.
+For each (measurements, calibration) pair: the pooled repeat σ of steps and of model drafters' cycles (and the
+cycles' semi-deviations below / above each point's median), ``timing_rms_rel`` and ``proposer_overhead_log_std``,
+and the closed loop's median |error|, signs right, interval coverage, median relative interval width
+(high − low) / predicted, and go/no-go answers, over all points and per method, for three versions of the fit:
+"before" (``repeat_spread_floors`` switched off), "symmetric" (as it ships: the proposer's σ floored on both
+sides by the cycles' pooled σ, ``repeat_log_std``) and "split" (``split=True``: the cycles' semi-deviations,
+``repeat_semi_log_stds``, floor a two-piece σ below / above the point estimate; not shipped, see
+docs/gpu-closed-loop.md).
 
     python -m benchmarks.repeat_spread [--json OUT]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -64,9 +69,11 @@ def _spread(params: dict, residuals: list[float], points: list[fit.StepPoint]) -
     the σ the interval samples."""
     steps, cycles = fit.repeat_spreads(points)
     return {"steps_sigma": steps, "cycles_sigma": cycles,
+            "cycles_semi": fit.repeat_semi_log_stds([p for p in points if p.drafter_forwards]),
             "rms_residual": float(np.sqrt(np.mean(np.square(residuals)))),
             "timing_rms_rel": params["timing_rms_rel"],
-            "proposer_overhead_log_std": params["proposer_overhead_log_std"]}
+            "proposer_overhead_log_std": params["proposer_overhead_log_std"],
+            "proposer_overhead_log_std_low": params.get("proposer_overhead_log_std_low")}
 
 
 def gpu_case(meas: str, calib: str) -> dict:
@@ -95,14 +102,19 @@ def cpu_case(name: str, records_file: str, measurement_files: tuple[str, ...]) -
                                    r.predicted_high, r.decision) for r in results])}
 
 
+VARIANTS = ("before", "symmetric", "split")
+
+
 def run_all() -> list[dict]:
     cases = [(gpu_case, pair) for pair in GPU_PAIRS] + [(cpu_case, run) for run in CPU_RUNS]
     out = []
     for fn, args in cases:
         with mock.patch.object(fit, "repeat_spread_floors", lambda *a, **k: {}):
             before = fn(*args)
-        after = fn(*args)
-        out.append({"name": after["name"], "before": before, "after": after})
+        symmetric = fn(*args)
+        with mock.patch.object(fit, "repeat_spread_floors", functools.partial(fit.repeat_spread_floors, split=True)):
+            split = fn(*args)
+        out.append({"name": split["name"], "before": before, "symmetric": symmetric, "split": split})
     return out
 
 
@@ -110,26 +122,36 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
 
 
+def _sigma(f: dict) -> str:
+    """The proposer's σ ln: one number when symmetric, below/above when two-piece."""
+    low, high = f["proposer_overhead_log_std_low"], f["proposer_overhead_log_std"]
+    return f"{high:.2f}" if low is None or low == high else f"{low:.2f}/{high:.2f}"
+
+
 def format_table(rows: list[dict]) -> str:
-    lines = ["| closed loop (measurements ← calibration) | repeat σ steps / model cycles | timing_rms_rel | "
-             "proposer σ ln | median \\|error\\| | sign | coverage | median rel. width | go/no-go answers (wrong) | "
-             "draft model: coverage, width |",
+    """One row per closed loop; where a figure moves, before → symmetric → split."""
+    lines = ["| closed loop (measurements ← calibration) | repeat σ steps / model cycles (below, above median) | "
+             "timing_rms_rel | proposer σ ln (low/high) | median \\|error\\| | sign | coverage | median rel. width | "
+             "go/no-go answers (wrong) | draft model: coverage; width |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        b, a = r["before"], r["after"]
-        fb, fa, cb, ca = b["fit"], a["fit"], b["closed_loop"], a["closed_loop"]
-        dm_b, dm_a = cb.get("draft_model"), ca.get("draft_model")
-        dm = (f"{_fmt(dm_b['coverage'])} → {_fmt(dm_a['coverage'])}, {_fmt(dm_b['median_rel_width'])} → "
-              f"{_fmt(dm_a['median_rel_width'])}") if dm_b else "-"
+        fits = [r[v]["fit"] for v in VARIANTS]
+        loops = [r[v]["closed_loop"] for v in VARIANTS]
+
+        def chain(key, of=loops) -> str:
+            return " → ".join(key(x) for x in of)
+
+        semi = fits[-1]["cycles_semi"]
+        everything = loops[-1]["all"]
+        dm = (f"{chain(lambda c: _fmt(c['draft_model']['coverage']))}; "
+              f"{chain(lambda c: _fmt(c['draft_model']['median_rel_width']))}") if "draft_model" in loops[0] else "-"
         lines.append(
-            f"| {r['name']} | {_fmt(fa['steps_sigma'])} / {_fmt(fa['cycles_sigma'])} | "
-            f"{_fmt(fb['timing_rms_rel'])} → {_fmt(fa['timing_rms_rel'])} | "
-            f"{fb['proposer_overhead_log_std']:.2f} → {fa['proposer_overhead_log_std']:.2f} | "
-            f"{_fmt(cb['all']['median_abs_error'])} → {_fmt(ca['all']['median_abs_error'])} | "
-            f"{cb['all']['sign_right']} → {ca['all']['sign_right']} / {ca['all']['n']} | "
-            f"{_fmt(cb['all']['coverage'])} → {_fmt(ca['all']['coverage'])} | "
-            f"{_fmt(cb['all']['median_rel_width'])} → {_fmt(ca['all']['median_rel_width'])} | "
-            f"{cb['all']['decisive']} ({cb['all']['wrong']}) → {ca['all']['decisive']} ({ca['all']['wrong']}) | {dm} |")
+            f"| {r['name']} | {_fmt(fits[-1]['steps_sigma'])} / {_fmt(fits[-1]['cycles_sigma'])} "
+            f"({'-' if semi is None else _fmt(semi[0]) + ', ' + _fmt(semi[1])}) | "
+            f"{_fmt(fits[0]['timing_rms_rel'])} → {_fmt(fits[-1]['timing_rms_rel'])} | {chain(_sigma, fits)} | "
+            f"{_fmt(everything['median_abs_error'])} | {everything['sign_right']} / {everything['n']} | "
+            f"{chain(lambda c: _fmt(c['all']['coverage']))} | {chain(lambda c: _fmt(c['all']['median_rel_width']))} | "
+            f"{chain(lambda c: '{decisive} ({wrong})'.format(**c['all']))} | {dm} |")
     return "\n".join(lines)
 
 

@@ -395,16 +395,33 @@ def overhead_log_stds(free: Sequence[str], x: np.ndarray, cov: np.ndarray, res: 
 ARTIFACT_BELOW_MEDIAN = 0.5
 
 
+def _repeat_logs(points: Sequence[StepPoint]) -> list[np.ndarray]:
+    """ln of each point's repeats, artifacts dropped, for the points timed at least twice."""
+    kept = [[s for s in p.samples if s >= ARTIFACT_BELOW_MEDIAN * float(np.median(p.samples))] for p in points]
+    return [np.log(k) for k in kept if len(k) >= 2]
+
+
 def repeat_log_std(points: Sequence[StepPoint]) -> float | None:
     """σ of ln(step time) between a probe's repeats of the same point, pooled over the points timed at least twice
     (None when none was: records of older runs keep no repeats)."""
-    kept = [[s for s in p.samples if s >= ARTIFACT_BELOW_MEDIAN * float(np.median(p.samples))] for p in points]
-    groups = [np.log(k) for k in kept if len(k) >= 2]
+    groups = _repeat_logs(points)
     dof = sum(len(g) - 1 for g in groups)
     if dof == 0:
         return None
     # pooled variance Σ_i Σ_j (y_ij − ȳ_i)² / Σ_i (n_i − 1): unbiased for a common σ² (one-way ANOVA error mean square)
     return float(np.sqrt(sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / dof))
+
+
+def repeat_semi_log_stds(points: Sequence[StepPoint]) -> tuple[float, float] | None:
+    """(below, above): the σ of ln(step time) on each side of a point's median repeat, pooled over the points timed
+    at least twice (None when none was); a skewed spread, e.g. a host-bound cycle's floor and slow tail, gives two."""
+    groups = [g - np.median(g) for g in _repeat_logs(points)]
+    dof = sum(len(g) - 1 for g in groups) / 2.0
+    if dof == 0:
+        return None
+    # two-piece normal about the median: each side's Σ d² over half the pooled dof Σ(n_i − 1) (cf. John 1982)
+    return (float(np.sqrt(sum(float(np.sum(g[g < 0] ** 2)) for g in groups) / dof)),
+            float(np.sqrt(sum(float(np.sum(g[g > 0] ** 2)) for g in groups) / dof)))
 
 
 def repeat_spreads(points: Sequence[StepPoint]) -> tuple[float | None, float | None]:
@@ -415,7 +432,7 @@ def repeat_spreads(points: Sequence[StepPoint]) -> tuple[float | None, float | N
 
 
 def repeat_spread_floors(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimeParams, free: Sequence[str],
-                         weights_dtype: str = "bf16") -> dict[str, float]:
+                         weights_dtype: str = "bf16", split: bool = False) -> dict[str, float]:
     """Floors from the probes' own repeats (issue 8) on the spread the speedup interval samples: the fit's residual
     says how far the model misses the medians, the repeats how far one run lands from the next. Pooled apart, as
     the H200 shows them apart (docs/gpu-closed-loop.md): a vLLM 0.24 draft-model cycle is host-bound and its repeats
@@ -424,23 +441,31 @@ def repeat_spread_floors(points: Sequence[StepPoint], gpu: GpuSpec, params: Step
     - ``timing_rms_rel`` ≥ the pooled repeat σ of the steps (:func:`repeat_spreads`);
     - ``proposer_overhead_log_std`` ≥ the pooled repeat σ of model drafters' cycles over the proposer overhead's
       share of those cycles (when the fit determined that overhead), within [MIN_OVERHEAD_LOG_STD, 0.7].
+    - ``split``: the cycles' semi-deviations below / above each point's median (:func:`repeat_semi_log_stds`) floor
+      ``proposer_overhead_log_std_low`` and ``proposer_overhead_log_std`` apart, a two-piece spread. Off: on the
+      stored H200 calibrations the repeats are not skewed (pooled below 20.8 %, above 20.0 %), the shipped profile's
+      cycles spread more below than above, and run 4's closed loop would cover 81 % (docs/gpu-closed-loop.md).
 
     Points without repeats (records of older runs) leave the fit's values as they are."""
     out: dict[str, float] = {}
-    steps, sigma_cycles = repeat_spreads(points)
+    steps, _ = repeat_spreads(points)
     if steps is not None:  # a step lands this far from its median run to run, however well the fit meets the medians
         out["timing_rms_rel"] = max(params.timing_rms_rel, steps)
-    if sigma_cycles is None or "proposer_overhead_s" not in free:
-        return out
     cycles = [p for p in points if p.drafter_forwards and len(p.samples) >= 2]
+    sigma = repeat_log_std(cycles)
+    sides = repeat_semi_log_stds(cycles) if split else None if sigma is None else (sigma, sigma)
+    if sides is None or "proposer_overhead_s" not in free:
+        return out
     with_proposer = predict_points(cycles, gpu, params, weights_dtype)
     without = predict_points(cycles, gpu, dataclasses.replace(params, proposer_overhead_s=0.0), weights_dtype)
     measured = np.array([p.seconds for p in cycles])
     share = float(np.clip(np.mean((with_proposer - without) / measured), 0.2, 1.0))  # H200 fits: 0.2-0.8 by batch
     # var ln(C) ≈ share²·var ln(P) for a cycle C = P + R whose spread is the proposer part P's (delta method)
-    floor = sigma_cycles / share
-    out["proposer_overhead_log_std"] = float(np.clip(max(params.proposer_overhead_log_std, floor),
-                                                     MIN_OVERHEAD_LOG_STD, 0.7))
+    low, high = (float(np.clip(max(params.proposer_overhead_log_std, s / share), MIN_OVERHEAD_LOG_STD, 0.7))
+                 for s in sides)
+    out["proposer_overhead_log_std"] = high
+    if split:
+        out["proposer_overhead_log_std_low"] = low
     return out
 
 
