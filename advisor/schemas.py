@@ -578,6 +578,12 @@ class StepTimeFitSchema(StrictSchema):
     rejection_sampling_s_per_seq = _number(0.0, 1.0)
     rejection_sampling_s_per_draft = _number(0.0, 1.0)
     draft_sampling_s_per_token = _number(0.0, 1.0)
+    verify_overhead_log_std = _number(0.0, 2.0)
+    proposer_overhead_log_std = _number(0.0, 2.0)
+    proposer_overhead_log_std_low = _number(0.0, 2.0, allow_none=True)  # None: symmetric
+    per_sequence_overhead_log_std = _number(0.0, 2.0)
+    eager_layer_overhead_s = _number(0.0, 1.0)
+    eager_probability = _number(0.0, 1.0)
     timing_rms_rel = _number(0.0, 2.0)
 
 

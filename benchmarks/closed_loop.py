@@ -433,12 +433,8 @@ def load_catalog(data_dir: Path = DATA_DIR):
     return GpuSpec.from_dict(gpus[GPU_NAME]), ModelSpec.from_dict(models[TARGET_NAME])
 
 
-def build_calibration(records: list[dict], gpu, target, run_id: int = 0):
-    """Fit the records (n-gram and self-drafting acceptance, target timing) into one ``Calibration``."""
-    from advisor.costmodel import Calibration
-
-    from calibration.fit import fit_run
-
+def truncated_models(records: list[dict], target):
+    """Checkpoint path -> spec of each truncated copy of ``target`` among the records' engines (joint step-time fit)."""
     models = {}
     for r in records:
         label = (r.get("params") or {}).get("engine", {}).get("label", "")
@@ -446,7 +442,16 @@ def build_calibration(records: list[dict], gpu, target, run_id: int = 0):
             layers = int(label.split("-")[1].rstrip("l"))
             models[r["params"]["engine"]["model"]] = dataclasses.replace(target, name=f"{target.name}-{layers}l",
                                                                          num_layers=layers)
-    fits = fit_run(records, gpu, target, None, "ngram", None, models=models)
+    return models
+
+
+def build_calibration(records: list[dict], gpu, target, run_id: int = 0):
+    """Fit the records (n-gram and self-drafting acceptance, target timing) into one ``Calibration``."""
+    from advisor.costmodel import Calibration
+
+    from calibration.fit import fit_run
+
+    fits = fit_run(records, gpu, target, None, "ngram", None, models=truncated_models(records, target))
     self_recs = [r for r in records if r["probe"] == "acceptance"]
     fits += [f for f in fit_run(self_recs, gpu, target, target, "draft_model", target.name)
              if f["kind"] == "acceptance"]

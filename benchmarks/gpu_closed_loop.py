@@ -303,13 +303,10 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     from advisor.costmodel import Calibration
     from calibration.fit import fit_run
 
-    engines = [r["params"]["engine"] for r in records]
-    target_path = next(e["model"] for e in engines if e["label"] == "target")
-    draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
-                   if (e.get("speculative_config") or {}).get("method") == "draft_model"}
+    target_path, models = fit_models(records, draft)
     results: dict = {}
-    fits = fit_run(records, gpu, target, draft, "draft_model", draft.name, target_path=target_path,
-                   models={p: draft for p in draft_paths if p}, results=results)
+    fits = fit_run(records, gpu, target, draft, "draft_model", draft.name, target_path=target_path, models=models,
+                   results=results)
     by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
     for f in fits:
         by_kind[f["kind"]][f["key"]] = f["params"]
@@ -319,6 +316,15 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
                                  "weights_dtype": "bf16", "tensor_parallel_size": tensor_parallel_size(records),
                                  "engine_mode": "graphs"})
     return cal, results
+
+
+def fit_models(records: list[dict], draft) -> tuple[str, dict]:
+    """The target engine's checkpoint path, and the draft model's path(s) -> ``draft`` (joined into the joint fit)."""
+    engines = [r["params"]["engine"] for r in records]
+    target_path = next(e["model"] for e in engines if e["label"] == "target")
+    draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
+                   if (e.get("speculative_config") or {}).get("method") == "draft_model"}
+    return target_path, {p: draft for p in draft_paths if p}
 
 
 def tensor_parallel_size(records: list[dict]) -> int:
@@ -334,18 +340,30 @@ def measurement_rows(workdir: Path) -> list[dict]:
 
 def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None) -> int:
     """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run)."""
-    from advisor.costmodel import predict
-    from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
-
-    gpu, target, draft = catalog_specs()
-    records = calibration_records(calibration_dir or workdir)
-    cal, results = build_gpu_calibration(records, gpu, target, draft)
-    tp = tensor_parallel_size(records)
-    step_fit = results[f"step_time:{target.name}"]
+    points, results = predict_measurements(workdir, calibration_records(calibration_dir or workdir))
+    step_fit = results[f"step_time:{TARGET}"]
     print(f"step-time fit: rms relative residual {step_fit.rmse_rel:.3f}; free {', '.join(step_fit.free)}")
     for row in step_fit.points:
         print(f"  {row['kind']:6} B={row['batch']:3} q={row['q']} T={row['temperature']:g} measured "
               f"{1e3 * row['measured_s']:.2f} ms predicted {1e3 * row['predicted_s']:.2f} ms")
+    summary = summarise(points)
+    print(format_table(points))
+    print(json.dumps(summary, indent=1))
+    if out_json:
+        out_json.write_text(json.dumps({"summary": summary, "points": [dataclasses.asdict(p) | {"error": p.error}
+                                                                       for p in points]}, indent=1) + "\n")
+    return 0
+
+
+def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point], dict]:
+    """``workdir``'s measured points, each with the speedup ``predict`` gives from the calibration ``records``;
+    and the fits (``fit_run``'s results)."""
+    from advisor.costmodel import predict
+    from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
+
+    gpu, target, draft = catalog_specs()
+    cal, results = build_gpu_calibration(records, gpu, target, draft)
+    tp = tensor_parallel_size(records)
     rows = measurement_rows(workdir)
     base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
     base_wall = {r["batch_size"]: _wall_s(r) for r in rows if r["engine"] == "baseline"}
@@ -372,13 +390,7 @@ def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path |
                             sp["expected"], sp["low"], sp["high"], frac, (1 + acc / drafts) if drafts else None,
                             {"decision": ans["decision"], "break_even": ans.get("break_even_concurrency"),
                              "decode_measured": base[r["batch_size"]] / _decode_s(r), "decode_predicted": sp["decode"]}))
-    summary = summarise(points)
-    print(format_table(points))
-    print(json.dumps(summary, indent=1))
-    if out_json:
-        out_json.write_text(json.dumps({"summary": summary, "points": [dataclasses.asdict(p) | {"error": p.error}
-                                                                       for p in points]}, indent=1) + "\n")
-    return 0
+    return points, results
 
 
 PROFILES_FILE = DATA_DIR / "engine_profiles.json"

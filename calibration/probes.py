@@ -292,7 +292,7 @@ class ProbeConfig:
     # (docs/closed-loop.md: there the engine clock read plain decode steps 16 % and self-drafting cycles 50 % longer,
     # and the closed loop's median error against the same measurements went from 6.8 % to 15 %)
     step_clock: str | None = None
-    guard_contention: bool | None = None  # None: on the CPU, redo timings while other processes load the cores
+    guard_contention: bool | None = None  # None: redo timings while other processes load the cores (CPU and GPU)
     isolate_engines: bool | None = None  # None: on GPUs, each engine in its own process
     # None: on GPUs, isolated engines start together (as many as fit, by :func:`engine_memory_estimate_bytes`),
     # then probe one at a time while the others wait idle; an engine start (torch.compile, CUDA-graph capture) is
@@ -328,7 +328,7 @@ class ProbeConfig:
             enforce_eager=(not on_gpu) if self.enforce_eager is None else self.enforce_eager,
             max_num_seqs=self.max_num_seqs or max(largest, 1),
             max_model_len=self.max_model_len or int(2 ** np.ceil(np.log2(need_len))),
-            guard_contention=(not on_gpu) if self.guard_contention is None else self.guard_contention,
+            guard_contention=True if self.guard_contention is None else self.guard_contention,
             isolate_engines=on_gpu if self.isolate_engines is None else self.isolate_engines,
             engines_together=(not on_gpu and not self.isolate_engines) if self.engines_together is None
             else self.engines_together,
@@ -633,7 +633,7 @@ def _spread(samples: list[float]) -> float:
 
 def _repeat(measure, cfg: ProbeConfig, label: str) -> tuple[list[Any], float | None]:
     """Call ``measure()`` ``cfg.repeats`` times, and more (up to ``cfg.max_repeats``) while the spread of its first
-    return value exceeds ``cfg.max_relative_spread``. On a shared CPU each call is guarded against contention
+    return value exceeds ``cfg.max_relative_spread``. Each call is guarded against contention
     (:func:`calibration.contention.guarded`). Returns (results, the largest CPU share others took)."""
     from .contention import guarded
 

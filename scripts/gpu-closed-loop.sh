@@ -3,17 +3,28 @@
 # each bounded in time; what they wrote is copied to $OUT at the end (a phase cut short by its bound resumes on the
 # next call: `measure` skips the engines it has measured). Usage: scripts/gpu-closed-loop.sh PHASE[:SECONDS] ...
 #   e.g. scripts/gpu-closed-loop.sh calibrate:300 measure:240      then      measure:400 analyze:60
+# Phase draft_host: benchmarks/draft_host.py. TP=2 sets every engine's tensor-parallel size; ONLY=baseline,ngram-k3
+# limits `measure` to those engines.
+# On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
+# symmetric-memory multicast, and vLLM's all-reduces that build on them (symmetric memory, FlashInfer's); TP runs
+# use vLLM's custom all-reduce (CUDA IPC) and NCCL.
 set -u
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
-  VLLM_ALLOW_INSECURE_SERIALIZATION=1
+  VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_ALLREDUCE_USE_FLASHINFER=0
 W=${WORKDIR:-/tmp/w}; mkdir -p "$W"
 for arg in "$@"; do
   phase=${arg%%:*}; limit=${arg#*:}; [ "$limit" = "$arg" ] && limit=600
   echo "== $phase (limit ${limit}s) at $(date +%T)"
-  extra=(); [ "$phase" = analyze ] && extra=(--out-json "$W/closed-loop-result.json")
-  timeout --signal=INT --kill-after=20 "$limit" python3 -m benchmarks.gpu_closed_loop "$phase" --workdir "$W" \
-    "${extra[@]}" 2> >(tee -a "$W/$phase.err" | grep -E '^\[(calibrate|measure)|^\{|Error' >&2)
+  cmd=(python3 -m benchmarks.gpu_closed_loop "$phase" --workdir "$W")
+  case $phase in
+    analyze) cmd+=(--out-json "$W/closed-loop-result.json") ;;
+    calibrate) cmd+=(--tp "${TP:-1}") ;;
+    measure) cmd+=(--tp "${TP:-1}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY") ;;
+    draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json") ;;
+  esac
+  timeout --signal=INT --kill-after=20 "$limit" "${cmd[@]}" \
+    2> >(tee -a "$W/$phase.err" | grep -E '^\[(calibrate|measure)|^\{|Error' >&2)
   echo "== $phase exit $? at $(date +%T)"
 done
 grep -hE "torch.compile take|Graph capturing finished|init engine|Compil(ing|ation) .*took|Loading weights took|Model loading took" \

@@ -69,12 +69,20 @@ class StepSamples:
 
     def with_overheads(self, target: StepTimeParams, draft: StepTimeParams, std_normal: np.ndarray) -> StepSamples:
         """Log-normal draws of the overheads (σ from the parameters) and whether the drafter runs eagerly (with the
-        draft's eager_probability), from std_normal (S, ≥ 4); row 0 = the point estimate (median, graph-captured)."""
+        draft's eager_probability), from std_normal (S, ≥ 4); row 0 = the point estimate (median, graph-captured).
+        The proposer's is two-piece when ``proposer_overhead_log_std_low`` is set: σ_low below the point estimate,
+        ``proposer_overhead_log_std`` above it, half the draws on each side."""
         z = np.array(std_normal, dtype=float)
         z[0] = 0.0
         shape = (z.shape[0], 1, 1)
-        scale = np.exp(z[:, :3] * np.array([target.verify_overhead_log_std, draft.proposer_overhead_log_std,
-                                            target.per_sequence_overhead_log_std]))
+        sigma = np.array([target.verify_overhead_log_std, draft.proposer_overhead_log_std,
+                          target.per_sequence_overhead_log_std])
+        scale = np.exp(z[:, :3] * sigma)
+        # two-piece normal in ln joined at the median (σ₁·z for z ≤ 0, σ₂·z above; half the draws each side), cf. the
+        # split normal of John 1982 (Commun. Stat. 11:879) / Wallis 2014 (Stat. Sci. 29:106), joined at the mode
+        if draft.proposer_overhead_log_std_low is not None:
+            low = z[:, 1] <= 0
+            scale[low, 1] = np.exp(z[low, 1] * draft.proposer_overhead_log_std_low)
         eager = (ndtr(z[:, 3]) < draft.eager_probability).astype(float)
         eager[0] = 0.0
         return replace(self, verify_scale=scale[:, 0].reshape(shape), proposer_scale=scale[:, 1].reshape(shape),

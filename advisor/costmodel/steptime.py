@@ -291,5 +291,6 @@ def with_proposer_prior(params: StepTimeParams, engine: str, method: str) -> Ste
     prof = engine_profile(engine)
     eager = method == "draft_model"
     return replace(params, proposer_overhead_log_std=prof.proposer_log_std(method),
+                   proposer_overhead_log_std_low=None,
                    eager_layer_overhead_s=prof.draft_model_eager_layer_s if eager else 0.0,
                    eager_probability=prof.draft_model_eager_probability if eager else 0.0)

@@ -181,7 +181,11 @@ class StepTimeParams:
     # Log-normal spread (σ of ln) of the three host overheads a speculative cycle adds, sampled for the interval:
     # engine-profile priors when uncalibrated (steptime.ENGINE_PROFILES), 0 when a calibration measured them.
     verify_overhead_log_std: float = 0.0
-    proposer_overhead_log_std: float = 0.0
+    proposer_overhead_log_std: float = 0.0  # above the point estimate too when proposer_overhead_log_std_low is None
+    # Below the point estimate, when a calibration measured the drafter's repeats skewed (a host-bound cycle: a
+    # floor near the quiet-host time, a slow tail; issue 8): the two halves of a two-piece log-normal. None:
+    # symmetric (priors, older calibrations).
+    proposer_overhead_log_std_low: float | None = None
     per_sequence_overhead_log_std: float = 0.0
     # A drafter that may run without CUDA graphs: launch cost per layer per forward when it does, and the prior
     # probability that it does (sampled for the interval; the point estimate is graph-captured).

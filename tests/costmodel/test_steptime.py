@@ -1,9 +1,13 @@
 """Step time: roofline behaviour and the H200 verify-cost ratios of design.md §1."""
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
 from advisor import costmodel as cm
+from advisor.costmodel.speculation import StepSamples
 
 H200_RATIOS = {1: 1.08, 16: 1.14, 64: 2.04, 256: 3.26}  # verify of 6 tokens / decode step, design.md §1
 H200_TOLERANCE = 0.08  # stated tolerance (relative), at an assumed mean context of 1024 tokens
@@ -72,3 +76,22 @@ def test_small_model_step_has_overhead_floor(gpus, models):
     g = gpus["H100-SXM"]
     t = cm.step_time_s(g, models["smollm2-135m-instruct"], 1, 1, 128)
     assert t > 0.5e-3  # launch/engine overheads dominate a 135M model
+
+
+def test_two_piece_proposer_draws_are_one_sided_around_the_point_estimate():
+    """``proposer_overhead_log_std_low`` set: a draw below the point estimate (z ≤ 0) spreads with σ_low, one above
+    with σ_high, half on each side; row 0 stays the point estimate. None: the symmetric log-normal, as before."""
+    z = np.random.default_rng(3).standard_normal((4001, 4))
+    target = cm.StepTimeParams(0.7, 0.5, 1e-3)
+    draft = cm.StepTimeParams(0.7, 0.5, 1e-3, proposer_overhead_log_std=0.5)
+    base = StepSamples.point(target)
+    symmetric = base.with_overheads(target, draft, z).proposer_scale.ravel()
+    split = base.with_overheads(target, dataclasses.replace(draft, proposer_overhead_log_std_low=0.1),
+                                z).proposer_scale.ravel()
+    assert symmetric[0] == split[0] == 1.0
+    ln = np.log(split[1:])
+    up, down = z[1:, 1] > 0, z[1:, 1] <= 0
+    assert np.allclose(ln[up], 0.5 * z[1:, 1][up]) and np.allclose(ln[down], 0.1 * z[1:, 1][down])
+    assert np.array_equal(split[1:][up], symmetric[1:][up])  # the slow side as before
+    assert np.quantile(ln, 0.05) > -0.1 * 1.8 and np.quantile(ln, 0.95) > 0.5 * 1.5
+    assert np.allclose(np.log(symmetric[1:]), 0.5 * z[1:, 1])
