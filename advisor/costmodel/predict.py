@@ -289,14 +289,17 @@ def _cached_step_samples(eta_bw: float, eta_f: float, fixed_s: float, cov: tuple
 _MC_STEPS: dict[tuple, StepSamples] = {}
 
 
+def _params_key(params: StepTimeParams) -> tuple:
+    """Every field of ``params``, hashable (the covariance as nested tuples)."""
+    return tuple(tuple(map(tuple, value)) if isinstance(value, list) else value
+                 for value in (getattr(params, f.name) for f in dataclasses.fields(params)))
+
+
 def _mc_step_samples(target: StepTimeParams, draft: StepTimeParams, samples: int) -> StepSamples:
     """The Monte Carlo step-time draws (efficiencies, fixed, verify / proposer / per-sequence overheads, eager
-    drafter, timing spread): a pure function of the parameters below and the seed, cached per distinct set (catalog
-    defaults are shared by every scenario on a GPU class, engine and method)."""
-    cov = tuple(tuple(float(x) for x in row) for row in target.covariance) if target.covariance else None
-    key = (target.bandwidth_efficiency, target.compute_efficiency, target.fixed_overhead_s, cov,
-           target.verify_overhead_log_std, target.per_sequence_overhead_log_std, target.timing_rms_rel,
-           draft.proposer_overhead_log_std, draft.eager_probability, samples)
+    drafter, timing spread): a pure function of the two parameter sets and the seed, cached per distinct pair
+    (catalog defaults are shared by every scenario on a GPU class, engine and method)."""
+    key = (_params_key(target), _params_key(draft), samples)
     step = _MC_STEPS.get(key)
     if step is None:
         _, _, z_over, z_time = _mc_normals(samples)
