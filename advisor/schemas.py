@@ -5,8 +5,7 @@ import math
 import re
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, missing, validate, validates_schema
-from marshmallow.decorators import POST_LOAD, PRE_LOAD, VALIDATES, VALIDATES_SCHEMA
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 from webargs.fields import DelimitedList
 
 from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES, acceptance_key
@@ -74,129 +73,6 @@ def finite_json(value: Any) -> None:
 def FreeDict(**kwargs: Any) -> fields.Dict:  # noqa: N802  (a field factory, named like the fields it makes)
     """A ``fields.Dict`` of free-form JSON that is finite and bounded."""
     return fields.Dict(keys=fields.String(validate=validate.Length(max=200)), validate=finite_json, **kwargs)
-
-
-# --- a faster load of the same result ----------------------------------------------------------------------
-_DECLINE = object()  # the fast load leaves this input to marshmallow
-
-
-def _field_loader(field: fields.Field) -> Any:
-    """``value -> loaded value`` (or _DECLINE) for a field whose load the fast path can reproduce: strict
-    Integer, finite Float, String, Nested (one object), List of those; validators are the field's own objects.
-    None for any other field (its schema then always loads through marshmallow)."""
-    kind = type(field)
-    if getattr(field, "pre_load", None) or getattr(field, "post_load", None):
-        return None
-    if kind is fields.Integer and field.strict:
-        def convert(value: Any) -> Any:
-            return value if type(value) is int else _DECLINE
-    elif kind is fields.Float and not field.allow_nan:
-        def convert(value: Any) -> Any:  # marshmallow: float(value); bools, strings, NaN and ±Inf: its own errors
-            if type(value) is float:
-                return value if math.isfinite(value) else _DECLINE
-            if type(value) is int and abs(value) < 2**1023:
-                return float(value)
-            return _DECLINE
-    elif kind is fields.String:
-        def convert(value: Any) -> Any:
-            return value if type(value) is str else _DECLINE
-    elif kind is fields.Nested and not field.many and field.unknown is None:
-        convert = _schema_loader(field.schema)
-        if convert is None:
-            return None
-    elif kind is fields.List:
-        inner = _field_loader(field.inner)
-        if inner is None:
-            return None
-
-        def convert(value: Any) -> Any:
-            if type(value) is not list:
-                return _DECLINE
-            out = [inner(item) for item in value]
-            return _DECLINE if any(item is _DECLINE for item in out) else out
-    else:
-        return None
-    validators, allow_none = tuple(field.validators), field.allow_none
-
-    def load(value: Any) -> Any:
-        if value is None:
-            return None if allow_none else _DECLINE
-        value = convert(value)
-        if value is _DECLINE:
-            return value
-        for check in validators:
-            try:
-                if check(value) is False:
-                    return _DECLINE
-            except ValidationError:
-                return _DECLINE
-        return value
-
-    return load
-
-
-def _schema_loader(schema: Schema) -> Any:
-    """``data -> loaded dict`` (or _DECLINE) equal to ``schema.load(data)`` where marshmallow would accept
-    ``data``; None if the schema has a feature the fast path does not reproduce (hooks other than
-    ``validates_schema``, partial or many loads, unknown fields allowed, an unsupported field)."""
-    hooks = schema._hooks
-    if (schema.many or schema.partial or schema.unknown != RAISE or schema.dict_class is not dict
-            or hooks[PRE_LOAD] or hooks[POST_LOAD] or hooks[VALIDATES]):
-        return None
-    if any(many or kwargs.get("pass_original") for _, many, kwargs in hooks[VALIDATES_SCHEMA]):
-        return None
-    checks = tuple(getattr(schema, name) for name, _, _ in hooks[VALIDATES_SCHEMA])
-    plan = []
-    for name, field in schema.load_fields.items():
-        load = _field_loader(field)
-        out_key = field.attribute or name
-        if load is None or callable(field.load_default) or "." in out_key:
-            return None
-        plan.append((field.data_key if field.data_key is not None else name, out_key, load, field.required,
-                     field.load_default))
-    keys = frozenset(key for key, *_ in plan)
-
-    def load_schema(data: Any) -> Any:
-        if type(data) is not dict or not keys.issuperset(data):
-            return _DECLINE
-        out = {}
-        for key, out_key, load, required, default in plan:  # marshmallow's order: the schema's load fields
-            if key in data:
-                value = load(data[key])
-                if value is _DECLINE:
-                    return value
-                out[out_key] = value
-            elif required:
-                return _DECLINE
-            elif default is not missing:
-                out[out_key] = default
-        for check in checks:
-            try:
-                check(out, partial=None, many=False, unknown=RAISE)
-            except ValidationError:
-                return _DECLINE
-        return out
-
-    return load_schema
-
-
-class FastLoadSchema(StrictSchema):
-    """``load`` returns exactly what marshmallow's load returns, faster where the input is well-formed: the fields'
-    own validators and the schema's ``validates_schema`` checks run on plain JSON values without marshmallow's
-    per-field machinery (error store, getters, per-field calls), which took ~0.1 ms of each POST. Anything else (an
-    error, a string where a number belongs, a bool) goes through marshmallow, which then produces its result and
-    its error messages. ``tests/test_schemas.py`` compares both loads on random bodies."""
-
-    def load(self, data: Any, *, many: Any = None, partial: Any = None, unknown: Any = None) -> Any:
-        if many is None and partial is None and unknown in (None, RAISE):
-            fast = self.__dict__.get("_fast_load", _DECLINE)
-            if fast is _DECLINE:
-                fast = self.__dict__["_fast_load"] = _schema_loader(self)
-            if fast is not None:
-                out = fast(data)
-                if out is not _DECLINE:
-                    return out
-        return super().load(data, many=many, partial=partial, unknown=unknown)
 
 
 def schema_name_resolver(schema: type[Schema] | Schema) -> str:
@@ -297,7 +173,7 @@ class LoadSchema(StrictSchema):
                                   "requests_per_second")
 
 
-class ScenarioSchema(FastLoadSchema):
+class ScenarioSchema(StrictSchema):
     gpu = fields.String(required=True, validate=validate.Length(min=1, max=64),
                         metadata={"description": "Catalog GPU name, e.g. H100-SXM."})
     gpu_count = fields.Integer(load_default=1, strict=True, validate=validate.Range(min=1, max=64),
