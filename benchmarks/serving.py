@@ -130,7 +130,7 @@ def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int
     out = workdir / "probes.json"
     cmd = [python, "-m", "calibration.probes", "--model", model, "--probes", "memory,timing,acceptance",
            "--drafter", f"ngram:{K}", "--structures", STRUCTURE, "--temperatures", "0",
-           "--batch-sizes", "1,2,4,8,16", "--verify-ks", str(K), "--prompt-lengths", "64,256,1024",
+           "--batch-sizes", "1,2,4,8,12,16", "--verify-ks", str(K), "--prompt-lengths", "64,256,1024",
            "--prompts-per-probe", "12", "--max-tokens", "96", "--kv-cache-space-gib", str(kv_gib), "-o", str(out)]
     with log.open("a") as lf:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), stdout=lf, stderr=subprocess.STDOUT).returncode
@@ -236,9 +236,24 @@ def prompts_file(workdir: Path) -> Path:
     return path
 
 
+def server_counters(url: str) -> dict[str, float]:
+    """The server's Prometheus counters (``/metrics``; histogram buckets left out)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if line.startswith("vllm:") and name.split("{")[0].endswith(("_total", "_sum", "_count")):
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
 def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, output_len: int, seed: int,
           workdir: Path, label: str, max_concurrency: int | None = None) -> dict[str, Any]:
-    """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency."""
+    """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency;
+    and the server's counters that moved during it (``server_counters``: engine steps, tokens, spec-decode drafts
+    and acceptances, engine-side request times), as diagnostics: nothing from them enters the simulation."""
     from vllm.benchmarks.serve import add_cli_args as bench_args, main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -252,7 +267,11 @@ def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, ou
         "--metric-percentiles", "50,90", "--disable-tqdm", "--result-dir", str(workdir), "--save-result",
         "--save-detailed", "--result-filename", f"bench-{label}.json"]
         + (["--max-concurrency", str(max_concurrency)] if max_concurrency else []))
-    return bench_main(args)
+    before = server_counters(url)
+    result = bench_main(args)
+    after = server_counters(url)
+    result["server_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    return result
 
 
 # --------------------------------------------------------------------------------------------- simulation
@@ -289,9 +308,10 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     return simulate(model, limits, traffic, spec)
 
 
-# closed-loop serving probe: requests kept open (alone, a full batch, and a queue of 2 batches behind it)
-PROBE_CONCURRENCY = (1, MAX_NUM_SEQS, 3 * MAX_NUM_SEQS)
-PROBE_PROMPTS = {1: 6, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
+# closed-loop serving probe: requests kept open (alone, partial batches, a full batch, and a queue of 2 batches
+# behind it)
+PROBE_CONCURRENCY = (1, 4, 8, MAX_NUM_SEQS, 3 * MAX_NUM_SEQS)
+PROBE_PROMPTS = {1: 6, 4: 16, 8: 24, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
 
 
 def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str,
@@ -359,7 +379,7 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
         b = min(c, MAX_NUM_SEQS)  # in the engine; the rest wait in the server
         prompts = (b - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
         excess[c] = tpot * per_cycle - clock(b, b * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
-    (c1, e1), (c2, e2) = sorted(excess.items())[:2]  # alone and a full batch
+    (c1, e1), (c2, e2) = (c := min(excess), excess[c]), (MAX_NUM_SEQS, excess[MAX_NUM_SEQS])  # alone, full batch
     per_seq = max((e2 - e1) / (c2 - c1), 0.0)
     per_waiting = 0.0
     if len(excess) > 2:  # more open than max_num_seqs: the rest wait in the server
@@ -442,7 +462,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 RUN_KEYS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens", "errors", "output_throughput",
-            "request_throughput", "max_concurrent_requests", "duration")
+            "request_throughput", "max_concurrent_requests", "duration", "server_counters")
 
 
 def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, Any]:
