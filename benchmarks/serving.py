@@ -275,17 +275,39 @@ def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, ou
 
 
 # --------------------------------------------------------------------------------------------- simulation
-def spec_decode(cal):
-    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0."""
+def request_pmfs(records: list[dict]) -> tuple[tuple[float, ...], ...]:
+    """Per prompt, P(a decode step yields j tokens), j = 1..k+1, from the n-gram acceptance probe's per-request
+    counts (vLLM's per-request spec-decode metrics): steps that did not draft yield 1 token, a drafting step
+    1 + its accepted drafts. Empty where the probe did not report them."""
+    from calibration.fit import normalize
+
+    out = []
+    for r in map(normalize, records):
+        v = r.values
+        if r.probe != "acceptance" or v.get("method") != "ngram" or v.get("structure") != STRUCTURE \
+                or float(v.get("temperature") or 0.0) != 0.0 or int(v.get("k") or 0) != K:
+            continue
+        for steps, drafted, _, hist in v.get("per_request") or ():
+            if steps > 0:
+                pmf = [float(c) for c in hist[:K + 1]] + [0.0] * (K + 1 - len(hist))
+                pmf[0] += max(steps - drafted, 0)
+                out.append(tuple(x / sum(pmf) for x in pmf))
+    return tuple(out)
+
+
+def spec_decode(cal, pmfs: tuple[tuple[float, ...], ...] = ()):
+    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0 and,
+    where measured, each prompt's own (``pmfs``: a request draws one)."""
     from advisor.costmodel import acceptance_key
     from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
     from advisor.costmodel.simulate import SpecDecode
 
     acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
-    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)), draft_fraction_at(acc, 0.0))
+    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)), draft_fraction_at(acc, 0.0),
+                      request_pmfs=pmfs)
 
 
-def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculative: bool,
+def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, spec,
                  frontend: dict[str, float] | None = None) -> Any:
     """The simulation of one measured run: its arrivals and token counts, the calibration's fits."""
     import numpy as np
@@ -300,7 +322,6 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     arrivals = np.asarray(run["start_times"], dtype=float)[ok]
     model = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name],
                       **(frontend or {}))
-    spec = spec_decode(cal) if speculative else None
     limits = EngineLimits(kv_tokens, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE_CPU)
     traffic = Traffic(prompt_tokens=[run["input_lens"][i] for i in ok],
                       output_tokens=[run["output_lens"][i] for i in ok], arrival_s=(arrivals - arrivals[0]).tolist(),
@@ -455,6 +476,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for other CPU load to stop before each server starts")
     parser.add_argument("--max-error", type=float, default=TARGET_ERROR,
                         help="exit 1 when a percentile misses by more than this")
+    parser.add_argument("--acceptance-records", default=None,
+                        help="acceptance probe records (JSON lines) replacing the calibration's, e.g. measured on "
+                             "every prompt of the set (benchmarks/data/acceptance-ngram-code-30.jsonl)")
+    parser.add_argument("--pooled-acceptance", action="store_true",
+                        help="every simulated request drafts with the pooled acceptance (the model before "
+                             "per-request acceptance; for comparison)")
     parser.add_argument("--cpu-lock", default=CPU_LOCK,
                         help="lock file taken (flock) around each CPU-heavy phase: the calibration, a server's "
                              "start, each probe concurrency, each rate; '' = none (when the whole command already "
@@ -499,6 +526,10 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
     return runs
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def run(args: argparse.Namespace) -> ServingResult:
     from calibration.models import prepare_smollm2
 
@@ -510,13 +541,15 @@ def run(args: argparse.Namespace) -> ServingResult:
     if args.reanalyse and not records_path.exists():  # a stored run (benchmarks/data): the suite's calibration
         records_path = REPO_ROOT / "tests" / "calibration" / "data" / "probe_run_smollm2_cpu.jsonl"
     if args.records or args.reanalyse:
-        records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+        records = read_jsonl(records_path)
         model = args.model or ""
     else:
         model = args.model or str(prepare_smollm2())
         with cpu_lock(args.cpu_lock, "calibrate"):
             records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib)
         records_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if args.acceptance_records:  # acceptance measured apart (e.g. on every prompt the benchmark serves)
+        records = [r for r in records if r.get("probe") != "acceptance"] + read_jsonl(Path(args.acceptance_records))
     gpu, target, cal, fits = calibration_of(records)
     kv_tokens = kv_tokens_of(records)
     phase["calibrate"] = time.perf_counter() - t
@@ -528,14 +561,16 @@ def run(args: argparse.Namespace) -> ServingResult:
         runs = measure(args, workdir, model)
         phase["measure"] = time.perf_counter() - t
     frontend: dict[str, dict[str, float]] = {}
-    for mode in sorted({r["mode"] for r in runs.values()}):
+    specs = {mode: spec_decode(cal, () if args.pooled_acceptance else request_pmfs(records)) if mode == "ngram"
+             else None for mode in {r["mode"] for r in runs.values()}}
+    for mode in sorted(specs):
         probe_path = workdir / f"probe-{mode}.json"
         if probe_path.exists():
             probe = {int(c): v for c, v in json.loads(probe_path.read_text()).items()}
-            frontend[mode] = fit_frontend(probe, gpu, target, cal, spec_decode(cal) if mode == "ngram" else None)
+            frontend[mode] = fit_frontend(probe, gpu, target, cal, specs[mode])
     rows = []
     for run_ in runs.values():
-        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend.get(run_["mode"]))
+        sim = simulate_run(run_, gpu, target, cal, kv_tokens, specs[run_["mode"]], frontend.get(run_["mode"]))
         row = compare(run_["mode"], run_["rate"], run_, sim)
         row.others_cpu = run_["others_cpu"]
         row.load = run_.get("load")
