@@ -374,12 +374,16 @@ def parse_rates(text: str) -> list[tuple[str, float]]:
 
 def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[str, float]:
     """The serving front end's cost on shared cores, from the closed-loop probe (c requests kept open), against the
-    offline fits (step time and prefill at the probe's mean lengths; the prompt chunks of the
-    requests that replace finished ones share the steps):
-    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, as a + b·c
-      (c = 1 and c = max_num_seqs), and per request waiting in the server (c = 3 × max_num_seqs);
-    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (c = 1)."""
+    offline fits (step time and prefill at the probe's mean lengths):
+    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, fitted as
+      a + b·B (non-negative least squares over every c ≤ max_num_seqs: B = c requests in the engine), and per
+      request waiting in the server (c > max_num_seqs, against the measured full batch). A closed loop replaces
+      each finished request at once, so a share (B − 1)·AL / output of the steps also prefills one prompt (vLLM's
+      scheduler takes a waiting request's whole prompt in one step when it fits the token budget,
+      vllm/v1/core/sched/scheduler.py); those steps are modelled as such, the others as decode-only;
+    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (smallest c)."""
     import numpy as np
+    from scipy.optimize import nnls
 
     from advisor.costmodel.simulate import StepModel, _StepClock
     from advisor.costmodel.steptime import forward_cost
@@ -398,19 +402,22 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
     excess = {}
     for c, (p, o, _, tpot) in stats.items():
         b = min(c, MAX_NUM_SEQS)  # in the engine; the rest wait in the server
-        prompts = (b - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
-        excess[c] = tpot * per_cycle - clock(b, b * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
-    (c1, e1), (c2, e2) = (c := min(excess), excess[c]), (MAX_NUM_SEQS, excess[MAX_NUM_SEQS])  # alone, full batch
-    per_seq = max((e2 - e1) / (c2 - c1), 0.0)
+        admit = min((b - 1) * per_cycle / o, 1.0)  # share of steps that also prefill a replacement prompt
+        ctx = b * (p + o / 2.0)
+        modelled = (1.0 - admit) * clock(b, ctx, 0.0, 0.0, 0.0) + admit * clock(b - 1, ctx * (b - 1) / b, p,
+                                                                                  p * p / 2.0, 0.0)
+        excess[c] = tpot * per_cycle - modelled
+    batches = sorted(c for c in excess if c <= MAX_NUM_SEQS)
+    (per_step, per_seq), _ = nnls(np.array([[1.0, float(c)] for c in batches]), np.array([excess[c] for c in batches]))
     per_waiting = 0.0
-    if len(excess) > 2:  # more open than max_num_seqs: the rest wait in the server
-        c3, e3 = max(excess.items())
-        per_waiting = max((e3 - e2) / (c3 - c2), 0.0)
-    fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=max(e1 - per_seq * c1, 0.0),
-                       frontend_s_per_seq=per_seq)
+    if max(excess) > MAX_NUM_SEQS and MAX_NUM_SEQS in excess:  # the rest wait in the server
+        c3 = max(excess)
+        per_waiting = max((excess[c3] - excess[MAX_NUM_SEQS]) / (c3 - MAX_NUM_SEQS), 0.0)
+    fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=float(per_step),
+                       frontend_s_per_seq=float(per_seq))
     p, _, ttft, _ = stats[min(stats)]
     alone = _StepClock(fitted, spec)(0, 0.0, p, p * p / 2.0, 0.0)
-    return {"frontend_s_per_step": fitted.frontend_s_per_step, "frontend_s_per_seq": per_seq,
+    return {"frontend_s_per_step": float(per_step), "frontend_s_per_seq": float(per_seq),
             "frontend_latency_s": max(ttft - alone, 0.0), "frontend_s_per_waiting": per_waiting}
 
 
