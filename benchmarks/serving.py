@@ -381,12 +381,15 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
       each finished request at once, so a share (B − 1)·AL / output of the steps also prefills one prompt (vLLM's
       scheduler takes a waiting request's whole prompt in one step when it fits the token budget,
       vllm/v1/core/sched/scheduler.py); those steps are modelled as such, the others as decode-only;
-    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (smallest c)."""
+    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (smallest c).
+    Concurrencies measured while other processes took more than ``OTHERS_CPU_LIMIT`` of the cores are left out of
+    the a + b·B fit when at least one undisturbed one remains."""
     import numpy as np
     from scipy.optimize import nnls
 
     from advisor.costmodel.simulate import StepModel, _StepClock
     from advisor.costmodel.steptime import forward_cost
+    from calibration.contention import OTHERS_CPU_LIMIT
 
     base = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name])
     per_cycle = float(spec.tokens_pmf() @ np.arange(1, spec.k + 2)) if spec else 1.0  # tokens per step
@@ -407,7 +410,9 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
         modelled = (1.0 - admit) * clock(b, ctx, 0.0, 0.0, 0.0) + admit * clock(b - 1, ctx * (b - 1) / b, p,
                                                                                   p * p / 2.0, 0.0)
         excess[c] = tpot * per_cycle - modelled
-    batches = sorted(c for c in excess if c <= MAX_NUM_SEQS)
+    # a probe that other processes disturbed measured them too (calibration.contention): left out while another is clean
+    clean = [c for c in excess if c <= MAX_NUM_SEQS and probe[c].get("others_cpu", 0.0) <= OTHERS_CPU_LIMIT]
+    batches = sorted(clean or (c for c in excess if c <= MAX_NUM_SEQS))
     (per_step, per_seq), _ = nnls(np.array([[1.0, float(c)] for c in batches]), np.array([excess[c] for c in batches]))
     per_waiting = 0.0
     if max(excess) > MAX_NUM_SEQS and MAX_NUM_SEQS in excess:  # the rest wait in the server
