@@ -130,7 +130,7 @@ def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int
     out = workdir / "probes.json"
     cmd = [python, "-m", "calibration.probes", "--model", model, "--probes", "memory,timing,acceptance",
            "--drafter", f"ngram:{K}", "--structures", STRUCTURE, "--temperatures", "0",
-           "--batch-sizes", "1,2,4,8,16", "--verify-ks", str(K), "--prompt-lengths", "64,256,1024",
+           "--batch-sizes", "1,2,4,8,12,16", "--verify-ks", str(K), "--prompt-lengths", "64,256,1024",
            "--prompts-per-probe", "12", "--max-tokens", "96", "--kv-cache-space-gib", str(kv_gib), "-o", str(out)]
     with log.open("a") as lf:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), stdout=lf, stderr=subprocess.STDOUT).returncode
@@ -236,9 +236,24 @@ def prompts_file(workdir: Path) -> Path:
     return path
 
 
+def server_counters(url: str) -> dict[str, float]:
+    """The server's Prometheus counters (``/metrics``; histogram buckets left out)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if line.startswith("vllm:") and name.split("{")[0].endswith(("_total", "_sum", "_count")):
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
 def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, output_len: int, seed: int,
           workdir: Path, label: str, max_concurrency: int | None = None) -> dict[str, Any]:
-    """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency."""
+    """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency;
+    and the server's counters that moved during it (``server_counters``: engine steps, tokens, spec-decode drafts
+    and acceptances, engine-side request times), as diagnostics: nothing from them enters the simulation."""
     from vllm.benchmarks.serve import add_cli_args as bench_args, main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -252,21 +267,47 @@ def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, ou
         "--metric-percentiles", "50,90", "--disable-tqdm", "--result-dir", str(workdir), "--save-result",
         "--save-detailed", "--result-filename", f"bench-{label}.json"]
         + (["--max-concurrency", str(max_concurrency)] if max_concurrency else []))
-    return bench_main(args)
+    before = server_counters(url)
+    result = bench_main(args)
+    after = server_counters(url)
+    result["server_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    return result
 
 
 # --------------------------------------------------------------------------------------------- simulation
-def spec_decode(cal):
-    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0."""
+def request_pmfs(records: list[dict]) -> tuple[tuple[float, ...], ...]:
+    """Per prompt, P(a decode step yields j tokens), j = 1..k+1, from the n-gram acceptance probe's per-request
+    counts (vLLM's per-request spec-decode metrics): steps that did not draft yield 1 token, a drafting step
+    1 + its accepted drafts. Empty where the probe did not report them."""
+    from calibration.fit import normalize
+
+    out = []
+    for r in map(normalize, records):
+        v = r.values
+        if r.probe != "acceptance" or v.get("method") != "ngram" or v.get("structure") != STRUCTURE \
+                or float(v.get("temperature") or 0.0) != 0.0 or int(v.get("k") or 0) != K:
+            continue
+        for steps, drafted, _, hist in v.get("per_request") or ():
+            if steps > 0:
+                pmf = [float(c) for c in hist[:K + 1]] + [0.0] * (K + 1 - len(hist))
+                pmf[0] += max(steps - drafted, 0)
+                out.append(tuple(x / sum(pmf) for x in pmf))
+    return tuple(out)
+
+
+def spec_decode(cal, pmfs: tuple[tuple[float, ...], ...] = ()):
+    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0 and,
+    where measured, each prompt's own (``pmfs``: a request draws one)."""
     from advisor.costmodel import acceptance_key
     from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
     from advisor.costmodel.simulate import SpecDecode
 
     acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
-    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)), draft_fraction_at(acc, 0.0))
+    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)), draft_fraction_at(acc, 0.0),
+                      request_pmfs=pmfs)
 
 
-def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculative: bool,
+def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, spec,
                  frontend: dict[str, float] | None = None) -> Any:
     """The simulation of one measured run: its arrivals and token counts, the calibration's fits."""
     import numpy as np
@@ -281,7 +322,6 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     arrivals = np.asarray(run["start_times"], dtype=float)[ok]
     model = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name],
                       **(frontend or {}))
-    spec = spec_decode(cal) if speculative else None
     limits = EngineLimits(kv_tokens, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE_CPU)
     traffic = Traffic(prompt_tokens=[run["input_lens"][i] for i in ok],
                       output_tokens=[run["output_lens"][i] for i in ok], arrival_s=(arrivals - arrivals[0]).tolist(),
@@ -289,9 +329,10 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, speculat
     return simulate(model, limits, traffic, spec)
 
 
-# closed-loop serving probe: requests kept open (alone, a full batch, and a queue of 2 batches behind it)
-PROBE_CONCURRENCY = (1, MAX_NUM_SEQS, 3 * MAX_NUM_SEQS)
-PROBE_PROMPTS = {1: 6, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
+# closed-loop serving probe: requests kept open (alone, partial batches, a full batch, and a queue of 2 batches
+# behind it)
+PROBE_CONCURRENCY = (1, 4, 8, MAX_NUM_SEQS, 3 * MAX_NUM_SEQS)
+PROBE_PROMPTS = {1: 6, 4: 16, 8: 24, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
 
 
 def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str,
@@ -333,15 +374,22 @@ def parse_rates(text: str) -> list[tuple[str, float]]:
 
 def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[str, float]:
     """The serving front end's cost on shared cores, from the closed-loop probe (c requests kept open), against the
-    offline fits (step time and prefill at the probe's mean lengths; the prompt chunks of the
-    requests that replace finished ones share the steps):
-    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, as a + b·c
-      (c = 1 and c = max_num_seqs), and per request waiting in the server (c = 3 × max_num_seqs);
-    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (c = 1)."""
+    offline fits (step time and prefill at the probe's mean lengths):
+    - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, fitted as
+      a + b·B (non-negative least squares over every c ≤ max_num_seqs: B = c requests in the engine), and per
+      request waiting in the server (c > max_num_seqs, against the measured full batch). A closed loop replaces
+      each finished request at once, so a share (B − 1)·AL / output of the steps also prefills one prompt (vLLM's
+      scheduler takes a waiting request's whole prompt in one step when it fits the token budget,
+      vllm/v1/core/sched/scheduler.py); those steps are modelled as such, the others as decode-only;
+    - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (smallest c).
+    Concurrencies measured while other processes took more than ``OTHERS_CPU_LIMIT`` of the cores are left out of
+    the a + b·B fit when at least one undisturbed one remains."""
     import numpy as np
+    from scipy.optimize import nnls
 
     from advisor.costmodel.simulate import StepModel, _StepClock
     from advisor.costmodel.steptime import forward_cost
+    from calibration.contention import OTHERS_CPU_LIMIT
 
     base = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name])
     per_cycle = float(spec.tokens_pmf() @ np.arange(1, spec.k + 2)) if spec else 1.0  # tokens per step
@@ -357,19 +405,24 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
     excess = {}
     for c, (p, o, _, tpot) in stats.items():
         b = min(c, MAX_NUM_SEQS)  # in the engine; the rest wait in the server
-        prompts = (b - 1) * p * per_cycle / o  # others' prompt tokens per step (each is replaced every o/AL steps)
-        excess[c] = tpot * per_cycle - clock(b, b * (p + o / 2.0), prompts, prompts * p / 2.0, 0.0)
-    (c1, e1), (c2, e2) = sorted(excess.items())[:2]  # alone and a full batch
-    per_seq = max((e2 - e1) / (c2 - c1), 0.0)
+        admit = min((b - 1) * per_cycle / o, 1.0)  # share of steps that also prefill a replacement prompt
+        ctx = b * (p + o / 2.0)
+        modelled = (1.0 - admit) * clock(b, ctx, 0.0, 0.0, 0.0) + admit * clock(b - 1, ctx * (b - 1) / b, p,
+                                                                                  p * p / 2.0, 0.0)
+        excess[c] = tpot * per_cycle - modelled
+    # a probe that other processes disturbed measured them too (calibration.contention): left out while another is clean
+    clean = [c for c in excess if c <= MAX_NUM_SEQS and probe[c].get("others_cpu", 0.0) <= OTHERS_CPU_LIMIT]
+    batches = sorted(clean or (c for c in excess if c <= MAX_NUM_SEQS))
+    (per_step, per_seq), _ = nnls(np.array([[1.0, float(c)] for c in batches]), np.array([excess[c] for c in batches]))
     per_waiting = 0.0
-    if len(excess) > 2:  # more open than max_num_seqs: the rest wait in the server
-        c3, e3 = max(excess.items())
-        per_waiting = max((e3 - e2) / (c3 - c2), 0.0)
-    fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=max(e1 - per_seq * c1, 0.0),
-                       frontend_s_per_seq=per_seq)
+    if max(excess) > MAX_NUM_SEQS and MAX_NUM_SEQS in excess:  # the rest wait in the server
+        c3 = max(excess)
+        per_waiting = max((excess[c3] - excess[MAX_NUM_SEQS]) / (c3 - MAX_NUM_SEQS), 0.0)
+    fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=float(per_step),
+                       frontend_s_per_seq=float(per_seq))
     p, _, ttft, _ = stats[min(stats)]
     alone = _StepClock(fitted, spec)(0, 0.0, p, p * p / 2.0, 0.0)
-    return {"frontend_s_per_step": fitted.frontend_s_per_step, "frontend_s_per_seq": per_seq,
+    return {"frontend_s_per_step": float(per_step), "frontend_s_per_seq": float(per_seq),
             "frontend_latency_s": max(ttft - alone, 0.0), "frontend_s_per_waiting": per_waiting}
 
 
@@ -435,6 +488,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for other CPU load to stop before each server starts")
     parser.add_argument("--max-error", type=float, default=TARGET_ERROR,
                         help="exit 1 when a percentile misses by more than this")
+    parser.add_argument("--acceptance-records", default=None,
+                        help="acceptance probe records (JSON lines) replacing the calibration's, e.g. measured on "
+                             "every prompt of the set (benchmarks/data/acceptance-ngram-code-30.jsonl)")
+    parser.add_argument("--pooled-acceptance", action="store_true",
+                        help="every simulated request drafts with the pooled acceptance (the model before "
+                             "per-request acceptance; for comparison)")
     parser.add_argument("--cpu-lock", default=CPU_LOCK,
                         help="lock file taken (flock) around each CPU-heavy phase: the calibration, a server's "
                              "start, each probe concurrency, each rate; '' = none (when the whole command already "
@@ -442,7 +501,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 RUN_KEYS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens", "errors", "output_throughput",
-            "request_throughput", "max_concurrent_requests", "duration")
+            "request_throughput", "max_concurrent_requests", "duration", "server_counters")
 
 
 def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, Any]:
@@ -479,6 +538,10 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
     return runs
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def run(args: argparse.Namespace) -> ServingResult:
     from calibration.models import prepare_smollm2
 
@@ -490,13 +553,15 @@ def run(args: argparse.Namespace) -> ServingResult:
     if args.reanalyse and not records_path.exists():  # a stored run (benchmarks/data): the suite's calibration
         records_path = REPO_ROOT / "tests" / "calibration" / "data" / "probe_run_smollm2_cpu.jsonl"
     if args.records or args.reanalyse:
-        records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+        records = read_jsonl(records_path)
         model = args.model or ""
     else:
         model = args.model or str(prepare_smollm2())
         with cpu_lock(args.cpu_lock, "calibrate"):
             records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib)
         records_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if args.acceptance_records:  # acceptance measured apart (e.g. on every prompt the benchmark serves)
+        records = [r for r in records if r.get("probe") != "acceptance"] + read_jsonl(Path(args.acceptance_records))
     gpu, target, cal, fits = calibration_of(records)
     kv_tokens = kv_tokens_of(records)
     phase["calibrate"] = time.perf_counter() - t
@@ -508,14 +573,16 @@ def run(args: argparse.Namespace) -> ServingResult:
         runs = measure(args, workdir, model)
         phase["measure"] = time.perf_counter() - t
     frontend: dict[str, dict[str, float]] = {}
-    for mode in sorted({r["mode"] for r in runs.values()}):
+    specs = {mode: spec_decode(cal, () if args.pooled_acceptance else request_pmfs(records)) if mode == "ngram"
+             else None for mode in {r["mode"] for r in runs.values()}}
+    for mode in sorted(specs):
         probe_path = workdir / f"probe-{mode}.json"
         if probe_path.exists():
             probe = {int(c): v for c, v in json.loads(probe_path.read_text()).items()}
-            frontend[mode] = fit_frontend(probe, gpu, target, cal, spec_decode(cal) if mode == "ngram" else None)
+            frontend[mode] = fit_frontend(probe, gpu, target, cal, specs[mode])
     rows = []
     for run_ in runs.values():
-        sim = simulate_run(run_, gpu, target, cal, kv_tokens, run_["mode"] == "ngram", frontend.get(run_["mode"]))
+        sim = simulate_run(run_, gpu, target, cal, kv_tokens, specs[run_["mode"]], frontend.get(run_["mode"]))
         row = compare(run_["mode"], run_["rate"], run_, sim)
         row.others_cpu = run_["others_cpu"]
         row.load = run_.get("load")

@@ -160,6 +160,9 @@ class AcceptanceMeasurement:
     per_position_rate: list[float]  # r_i = a_i / N
     drafted_fraction: float | None  # N / decode steps
     engine: dict = field(default_factory=dict)
+    # per prompt, where vLLM reports it (--per-request-spec-decode-metrics): [decode steps, steps that drafted,
+    # draft tokens, accepted-count histogram j = 0..k over the steps that drafted]
+    per_request: list = field(default_factory=list)
     environment: dict = field(default_factory=dict)
 
 
@@ -543,6 +546,13 @@ OPTIONAL_ENGINE_ARGS = {"quantization": None, "kv_cache_dtype": "auto", "tensor_
                         "skip_tokenizer_init": False, "kv_cache_memory_bytes": None}
 
 
+def _engine_has_arg(name: str) -> bool:
+    """Whether the installed vLLM's ``EngineArgs`` takes ``name`` (older versions lack newer options)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return name in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
 def start_engine(settings: dict, speculative_config: dict | None = None):
     """Start ``vllm.LLM`` with our settings; returns (llm, start-up seconds). Settings left at vLLM's default are
     not passed (the same call works on vLLM 0.24 and newer)."""
@@ -567,6 +577,10 @@ def start_engine(settings: dict, speculative_config: dict | None = None):
             kwargs[key] = settings[key]
     if settings.get("gpu_memory_utilization") is not None:
         kwargs["gpu_memory_utilization"] = settings["gpu_memory_utilization"]
+    if speculative_config and _engine_has_arg("per_request_spec_decode_metrics"):
+        # each finished request's acceptance histogram (vllm/v1/metrics/stats.py RequestSpecDecodeMetrics; a counter
+        # increment per request per step): acceptance differs between prompts (measure_acceptance's per_request)
+        kwargs["per_request_spec_decode_metrics"] = "summary"
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t0
@@ -788,6 +802,13 @@ def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: f
     # every output token after a request's first comes from a decode step; a step yields 1 + accepted
     steps = max(0, out_tokens - len(outs) - d.num_accepted_tokens)
     n = d.num_drafts
+    per_request = []
+    for o in outs:
+        sdm = getattr(o.outputs[0], "spec_decode_metrics", None)
+        if sdm is not None:
+            accepted = sum(j * c for j, c in enumerate(sdm.histogram))
+            per_request.append([max(len(o.outputs[0].token_ids) - 1 - accepted, 0), sum(sdm.histogram),
+                                sdm.num_draft_tokens, list(sdm.histogram)])
     return AcceptanceMeasurement(
         probe="acceptance", label=drafter.name(), method=drafter.method,
         drafter=None if drafter.method in ("ngram", "suffix") else (drafter.model or "self"), k=drafter.k,
@@ -799,7 +820,7 @@ def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: f
         acceptance_rate=(d.num_accepted_tokens / d.num_draft_tokens) if d.num_draft_tokens else None,
         per_position_rate=[a / n for a in d.accepted_per_pos] if n else [],
         drafted_fraction=min(1.0, n / steps) if steps else None,
-        engine=engine, environment=env,
+        engine=engine, environment=env, per_request=per_request,
     )
 
 

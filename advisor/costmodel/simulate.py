@@ -61,6 +61,11 @@ class SpecDecode:
     k: int
     per_position: tuple[float, ...]  # r_i, i < k (non-increasing)
     draft_fraction: float = 1.0
+    # Optional: P(a step yields j tokens), j = 1..k+1, of single requests as measured (vLLM's per-request
+    # spec-decode metrics, vllm/v1/metrics/stats.py RequestSpecDecodeMetrics). A copy drafter's acceptance is a
+    # property of each request's text (repeats to copy or none), not an i.i.d. draw per step: each simulated
+    # request takes one of these (uniformly) for all its steps; the step's cost keeps the pooled draft fraction.
+    request_pmfs: tuple[tuple[float, ...], ...] = ()
 
     def tokens_pmf(self) -> np.ndarray:
         """P(a cycle yields j tokens), j = 1..k+1: no draft (1 − f) or j − 1 accepted drafts then the bonus token."""
@@ -272,23 +277,32 @@ def _arrivals(traffic: Traffic, rng: np.random.Generator) -> np.ndarray:
 
 def decode_cycles(spec: SpecDecode | None, tokens_after_first: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Engine steps each request needs after its first token: one per token without speculation; with it, the
-    first cycle count whose drawn tokens (per-cycle pmf of :meth:`SpecDecode.tokens_pmf`) reach the output."""
+    first cycle count whose drawn tokens (per-cycle pmf of :meth:`SpecDecode.tokens_pmf`, or the request's own of
+    ``SpecDecode.request_pmfs``) reach the output."""
     n = np.asarray(tokens_after_first, dtype=int)
     if spec is None or spec.k == 0 or len(n) == 0:
         return n.copy()
-    pmf = spec.tokens_pmf()
-    values = np.arange(1, len(pmf) + 1)
+    values = np.arange(1, spec.k + 2)
     longest = int(n.max(initial=0))
     if longest == 0:
         return n.copy()
-    if len(n) * longest <= 400_000:  # exact: per-cycle draws, cumulative, first crossing
-        draws = rng.choice(values, size=(len(n), longest), p=pmf)
-        cum = np.cumsum(draws, axis=1)
-        cycles = (cum < n[:, None]).sum(axis=1) + 1
-        return np.where(n > 0, cycles, 0)
-    mu = float(pmf @ values)  # renewal CLT: cycles ≈ N(n/μ, n·σ²/μ³)
-    var = float(pmf @ values ** 2) - mu * mu
-    draw = n / mu + rng.standard_normal(len(n)) * np.sqrt(n * var / mu ** 3)
+    if spec.request_pmfs:  # each request one measured request's pmf, uniformly
+        pmfs = np.asarray(spec.request_pmfs, dtype=float)
+        pmf = (pmfs / pmfs.sum(axis=1, keepdims=True))[rng.integers(len(pmfs), size=len(n))]  # (requests, k + 1)
+        if len(n) * longest <= 400_000:  # exact: per-cycle draws (inverse CDF), cumulative, first crossing
+            u = rng.random((len(n), longest))
+            draws = 1 + (u[:, :, None] >= np.cumsum(pmf, axis=1)[:, None, :-1]).sum(axis=2)
+            return np.where(n > 0, (np.cumsum(draws, axis=1) < n[:, None]).sum(axis=1) + 1, 0)
+        mu, var = pmf @ values, pmf @ values ** 2 - (pmf @ values) ** 2
+    else:
+        pmf = spec.tokens_pmf()
+        if len(n) * longest <= 400_000:  # exact: per-cycle draws, cumulative, first crossing
+            draws = rng.choice(values, size=(len(n), longest), p=pmf)
+            cycles = (np.cumsum(draws, axis=1) < n[:, None]).sum(axis=1) + 1
+            return np.where(n > 0, cycles, 0)
+        mu = float(pmf @ values)
+        var = float(pmf @ values ** 2) - mu * mu
+    draw = n / mu + rng.standard_normal(len(n)) * np.sqrt(n * var / mu ** 3)  # renewal CLT: N(n/μ, n·σ²/μ³)
     lo = np.ceil(n / values[-1])
     return np.where(n > 0, np.clip(np.round(draw), lo, n), 0).astype(int)
 

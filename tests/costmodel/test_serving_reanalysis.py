@@ -1,4 +1,4 @@
-"""docs/planner.md's run C, simulated again from its stored measurements (no vLLM): the table's figures."""
+"""docs/planner.md's runs C and D, simulated again from their stored measurements (no vLLM): the tables' figures."""
 from __future__ import annotations
 
 import argparse
@@ -7,27 +7,44 @@ import pytest
 
 from tests.conftest import REPO
 
+ACCEPTANCE_30 = str(REPO / "benchmarks/data/acceptance-ngram-code-30.jsonl")
 
-def test_run_c_reanalysed_gives_the_documented_table():
+
+def reanalyse(run: str, *extra: str):
     from benchmarks import serving
 
     parser = argparse.ArgumentParser()
     serving.add_cli_args(parser)
-    result = serving.run(parser.parse_args(["--reanalyse", str(REPO / "benchmarks/data/serving-run-c")]))
+    result = serving.run(parser.parse_args(["--reanalyse", str(REPO / "benchmarks/data" / run), *extra]))
     rows = {(r.mode, round(r.load, 1)): r for r in result.rows}
-    baseline = [r for r in result.rows if r.mode == "baseline"]
-    assert len(rows) == 6 and all(r.requests == 120 for r in result.rows)
-    assert result.within_target == 10 and result.cells == 24
-    assert sum(abs(e) <= serving.TARGET_ERROR for r in baseline for e in r.errors.values()) == 8
+    within = {mode: sum(abs(e) <= serving.TARGET_ERROR for r in result.rows if r.mode == mode
+                        for e in r.errors.values()) for mode in ("baseline", "ngram")}
+    return result, rows, within
+
+
+def test_run_c_reanalysed_gives_the_documented_table():
+    result, rows, within = reanalyse("serving-run-c", "--acceptance-records", ACCEPTANCE_30)
+    assert len(rows) == 6 and all(r.requests == 120 for r in result.rows) and result.cells == 24
+    assert within == {"baseline": 8, "ngram": 4}
     light = rows[("baseline", 0.3)]
     assert light.rate == pytest.approx(1.049, abs=1e-3)
     assert light.measured_ms["tpot_p50"] == pytest.approx(25.3, abs=0.05)
-    assert light.simulated_ms["tpot_p50"] == pytest.approx(27.2, abs=0.05)
+    assert light.simulated_ms["tpot_p50"] == pytest.approx(23.3, abs=0.05)
     knee = rows[("baseline", 1.0)]
     assert knee.measured_ms["ttft_p90"] == pytest.approx(667, abs=0.5)
-    assert knee.errors["ttft_p90"] == pytest.approx(1.30, abs=0.005)
+    assert knee.errors["ttft_p90"] == pytest.approx(0.095, abs=0.005)
     assert rows[("ngram", 1.0)].rate == pytest.approx(3.755, abs=1e-3)
-    assert rows[("ngram", 1.0)].errors["ttft_p50"] == pytest.approx(0.669, abs=0.005)
+    assert rows[("ngram", 0.3)].errors["tpot_p50"] == pytest.approx(-0.306, abs=0.005)
     front = result.calibration["frontend"]["baseline"]
-    assert front["frontend_s_per_step"] == pytest.approx(0.0039, abs=1e-4)
-    assert front["frontend_latency_s"] == pytest.approx(0.0196, abs=1e-4)
+    # c = 1 and c = 16 only: the least-squares line through +3.9 and −3.0 ms, non-negative
+    assert front["frontend_s_per_step"] == pytest.approx(0.00047, abs=2e-5)
+    assert front["frontend_s_per_seq"] == 0.0
+    assert front["frontend_latency_s"] == pytest.approx(0.0231, abs=1e-4)
+
+
+def test_each_request_keeping_its_prompts_acceptance_slows_the_median_request():
+    _, pooled, _ = reanalyse("serving-run-c", "--acceptance-records", ACCEPTANCE_30, "--pooled-acceptance")
+    _, own, _ = reanalyse("serving-run-c", "--acceptance-records", ACCEPTANCE_30)
+    light = ("ngram", 0.3)
+    assert own[light].simulated_ms["tpot_p50"] > pooled[light].simulated_ms["tpot_p50"]
+    assert own[("baseline", 0.3)].simulated_ms == pooled[("baseline", 0.3)].simulated_ms

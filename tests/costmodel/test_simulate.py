@@ -113,6 +113,28 @@ def test_drawn_cycles_average_to_the_renewal_rate(alpha, k, f, tokens):
     assert cycles.mean() == pytest.approx(tokens / mean_tokens, rel=0.06, abs=1.0)
 
 
+def test_each_request_keeps_its_own_measured_acceptance():
+    # one prompt never drafts, the other accepts every draft: a request is one or the other for all its steps
+    spec = SpecDecode("ngram", 4, (0.5, 0.5, 0.5, 0.5), 0.5, request_pmfs=((1, 0, 0, 0, 0), (0, 0, 0, 0, 1)))
+    cycles = decode_cycles(spec, np.full(2000, 100), np.random.default_rng(5))
+    assert set(np.unique(cycles)) == {20, 100}
+    assert np.mean(cycles == 100) == pytest.approx(0.5, abs=0.05)
+    pooled = decode_cycles(dataclasses.replace(spec, request_pmfs=()), np.full(2000, 100), np.random.default_rng(5))
+    assert 20 < pooled.min() and pooled.max() < 100  # i.i.d. steps: every request in between
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.integers(0, 20), min_size=5, max_size=5).filter(any), min_size=1, max_size=6),
+       st.integers(20, 300))
+def test_per_request_cycles_average_to_the_mixture_rate(hists, tokens):
+    pmfs = tuple(tuple(c / sum(h) for c in h) for h in hists)
+    spec = SpecDecode("ngram", 4, (0.5, 0.4, 0.3, 0.2), 0.5, request_pmfs=pmfs)
+    cycles = decode_cycles(spec, np.full(3000, tokens), np.random.default_rng(11))
+    expected = np.mean([tokens / (np.asarray(p) @ np.arange(1, 6)) for p in pmfs])
+    assert cycles.min() >= math.ceil(tokens / 5) and cycles.max() <= tokens
+    assert cycles.mean() == pytest.approx(expected, rel=0.08, abs=1.5)
+
+
 def test_seeded_and_deterministic(h100_8b):
     model, _, _ = h100_8b
     spec = SpecDecode("ngram", 4, (0.6, 0.4, 0.3, 0.2), 0.5)
