@@ -5,7 +5,7 @@
    :func:`calibration.fit.fit_run` into a ``Calibration`` (or ``--records``: stored probe records, e.g. the test
    suite's CPU-2core run).
 2. **serving probe** (calibration, not validation) -- on each mode's server, ``vllm bench serve`` closed
-   loop (c = 1, 16 and 48 requests always open, no arrival process): the serving front end (HTTP,
+   loop (c = 1, 4, 8, 16 and 48 requests always open, no arrival process): the serving front end (HTTP,
    tokenisation, detokenising and streaming every token) shares the 2 cores with the engine here, which costs
    engine time per step and per decoding sequence and delays admission; :func:`fit_frontend` measures it against
    the offline fits.
