@@ -379,6 +379,21 @@ def _dist_version(dist: str) -> str | None:
         return None
 
 
+def _torch_cuda_version() -> str | None:
+    """The CUDA version torch was built for (``torch.version.cuda``), read from torch/version.py without importing
+    torch."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+        found = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", path.read_text(), re.M)
+    except (AttributeError, ImportError, OSError, StopIteration, TypeError, ValueError):
+        return None
+    return found.group(1) if found else None
+
+
 def nvidia_gpus() -> list[tuple[str, int]]:
     """(name, memory bytes) of each NVIDIA GPU that ``nvidia-smi`` lists, when a CUDA build of vLLM is installed;
     [] otherwise. Neither vLLM nor torch is imported: on a node's first run importing them takes tens of seconds,
@@ -455,9 +470,8 @@ def environment_info() -> dict:
     gpus = nvidia_gpus()
     if gpus and "vllm_version" in info:  # a CUDA build of vLLM on an NVIDIA node: no vLLM or torch import
         info.update(platform="cuda", gpu_name=gpus[0][0], gpu_count=len(gpus), hardware=gpus[0][0])
-        cuda = info.get("torch_version", "").partition("+cu")[2]  # torch's wheel tag: 2.11.0+cu130 is CUDA 13.0
-        if cuda.isdigit() and len(cuda) >= 3:
-            info["cuda_version"] = f"{cuda[:-1]}.{cuda[-1]}"
+        if (cuda := _torch_cuda_version()) is not None:
+            info["cuda_version"] = cuda
         return info
     try:
         import vllm  # noqa: F401

