@@ -17,7 +17,11 @@ Three diagnostics, on stored data except the second:
              served run and closed-loop probe: no n-gram work happens before such a request's first token, so a
              difference between runs of one server is the host's speed, not the n-gram step.
 
-``python -m benchmarks.ngram_cost --run benchmarks/data/serving-run-c [--lookup]`` prints the three tables
+``slower``   each stored served run simulated again (``benchmarks.serving``'s re-analysis) on a host ``--slower``
+             times slower throughout: every fitted time (step and prefill overheads, 1 / efficiencies, the front
+             end's) scaled alike, nothing else changed. Which runs a uniformly slower host brings within 15 %.
+
+``python -m benchmarks.ngram_cost --run benchmarks/data/serving-run-c [--lookup] [--slower 1.2]`` prints the tables
 (``--json``: the results as JSON).
 """
 from __future__ import annotations
@@ -35,6 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+ACCEPTANCE_30 = REPO_ROOT / "benchmarks/data/acceptance-ngram-code-30.jsonl"
 LOOKUP_BATCHES = (1, 4, 16)
 LOOKUP_CONTEXTS = (64, 150, 500, 2000)
 
@@ -174,10 +179,53 @@ def idle_rows(run_dir: Path) -> list[IdleRow]:
     return rows
 
 
+STEP_TIMES_S = ("fixed_overhead_s", "per_layer_overhead_s", "verify_overhead_s", "proposer_overhead_s",
+                "per_sequence_overhead_s", "rejection_sampling_s_per_seq", "rejection_sampling_s_per_draft",
+                "draft_sampling_s_per_token", "eager_layer_overhead_s")
+
+
+def slower_host(cal, frontend: dict[str, float], factor: float):
+    """The calibration and front end of a host ``factor`` times slower: every time × factor (the roofline
+    (m^p + c^p)^(1/p) is homogeneous of degree 1 in m and c, so efficiencies ÷ factor scale it alike)."""
+    step = {name: dataclasses.replace(p, bandwidth_efficiency=p.bandwidth_efficiency / factor,
+                                      compute_efficiency=p.compute_efficiency / factor,
+                                      **{f: getattr(p, f) * factor for f in STEP_TIMES_S})
+            for name, p in cal.step_time.items()}
+    prefill = {name: dataclasses.replace(p, compute_efficiency=p.compute_efficiency / factor,
+                                         fixed_overhead_s=p.fixed_overhead_s * factor)
+               for name, p in cal.prefill.items()}
+    return dataclasses.replace(cal, step_time=step, prefill=prefill), {k: v * factor for k, v in frontend.items()}
+
+
+def slower_rows(run_dir: Path, factor: float) -> list:
+    """``benchmarks.serving``'s re-analysis of a stored run (with the 30-prompt acceptance records) on a host
+    ``factor`` times slower: one ``serving.Row`` per (mode, rate)."""
+    from benchmarks import serving
+
+    records = serving.read_jsonl(run_dir / "records.jsonl")
+    records = [r for r in records if r.get("probe") != "acceptance"] + serving.read_jsonl(ACCEPTANCE_30)
+    gpu, target, cal, _ = serving.calibration_of(records)
+    kv_tokens = serving.kv_tokens_of(records)
+    runs = json.loads((run_dir / "runs.json").read_text())
+    rows = []
+    for mode in sorted({r["mode"] for r in runs.values()}):
+        spec = serving.spec_decode(cal, serving.request_pmfs(records)) if mode == "ngram" else None
+        probe = {int(c): v for c, v in json.loads((run_dir / f"probe-{mode}.json").read_text()).items()}
+        slow_cal, frontend = slower_host(cal, serving.fit_frontend(probe, gpu, target, cal, spec), factor)
+        for run in (r for r in runs.values() if r["mode"] == mode):
+            sim = serving.simulate_run(run, gpu, target, slow_cal, kv_tokens, spec, frontend)
+            row = serving.compare(mode, run["rate"], run, sim)
+            row.load, row.others_cpu = run.get("load"), run["others_cpu"]
+            rows.append(row)
+    return rows
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", action="append", default=None,
                         help="a stored serving run directory (repeatable; default: Runs C and D)")
     parser.add_argument("--lookup", action="store_true", help="also time vLLM's n-gram lookup (under the CPU lock)")
+    parser.add_argument("--slower", type=float, default=None,
+                        help="also simulate the stored runs on a host this many times slower (e.g. 1.2)")
     parser.add_argument("--json", action="store_true")
 
 
@@ -187,11 +235,14 @@ def main(args: argparse.Namespace) -> int:
     cycles = [row for r in runs for row in cycle_rows(r)]
     idle = [row for r in runs for row in idle_rows(r)]
     lookup, gemm = lookup_rows() if args.lookup else ([], {})
+    slower = {r.name: slower_rows(r, args.slower) for r in runs} if args.slower else {}
     if args.json:
         print(json.dumps({"cycles": [dataclasses.asdict(c) | {"model_error": c.model_error,
                                                                "drained_error": c.drained_error} for c in cycles],
                           "lookup": [dataclasses.asdict(x) for x in lookup], "gemm": gemm,
-                          "idle": [dataclasses.asdict(x) for x in idle]}, indent=1))
+                          "idle": [dataclasses.asdict(x) for x in idle],
+                          "slower": {k: [dataclasses.asdict(x) for x in v] for k, v in slower.items()}},
+                         indent=1, default=str))
         return 0
     print("n-gram cycle probes: measured / fit at the probe's batch / fit over the engine steps vLLM ran")
     print("| run | B | measured ms | fit at B | mean cycles | engine steps | steps / cycles | drained (upper) |")
@@ -215,6 +266,13 @@ def main(args: argparse.Namespace) -> int:
             cells = ", ".join(f"{p}: {t:.0f}" for p, t in row.ttft_ms)
             print(f"{row.run} {row.label}: {len(row.ttft_ms)} of {row.requests}, median "
                   f"{statistics.median(t for _, t in row.ttft_ms):.0f} ms ({cells})")
+    if slower:
+        from benchmarks.serving import TARGET_ERROR, format_table
+
+        for name, rows in slower.items():
+            within = sum(abs(e) <= TARGET_ERROR for r in rows for e in r.errors.values())
+            print(f"\n{name} simulated on a host {args.slower:g}× slower: {within}/{4 * len(rows)} within "
+                  f"{100 * TARGET_ERROR:.0f} %\n{format_table(rows)}")
     return 0
 
 

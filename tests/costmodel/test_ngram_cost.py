@@ -35,3 +35,17 @@ def test_first_tokens_at_an_idle_server_were_slower_in_the_light_n_gram_run():
     assert median == pytest.approx({"baseline-0.3x": 66.2, "ngram-0.3x": 79.4, "probe-ngram-c1": 61.8}, abs=0.1)
     # the n-gram server's first request waited for numba's compile of the lookup
     assert dict(rows["probe-ngram-c1"].ttft_ms)[54] > 1000
+
+
+def test_a_uniformly_slower_host_accounts_for_the_middle_runs_misses():
+    from benchmarks.ngram_cost import slower_rows
+    from benchmarks.serving import TARGET_ERROR
+
+    def within(rows):
+        return {(r.mode, round(r.load, 1)): sum(abs(e) <= TARGET_ERROR for e in r.errors.values()) for r in rows}
+
+    same, slow = within(slower_rows(RUN_C, 1.0)), within(slower_rows(RUN_C, 1.2))
+    assert sum(same.values()) == 12  # the re-analysis itself (docs/planner.md, test_serving_reanalysis.py)
+    middle = (("ngram", 0.3), ("ngram", 0.7), ("baseline", 0.7))
+    assert [same[m] for m in middle] == [0, 0, 1] and [slow[m] for m in middle] == [4, 2, 4]
+    assert slow[("baseline", 0.3)] < same[("baseline", 0.3)] and slow[("baseline", 1.0)] < same[("baseline", 1.0)]
