@@ -1,6 +1,6 @@
 """Where does a served n-gram step's extra time come from? (issue 12, docs/planner.md "What the model still misses")
 
-Three diagnostics, on stored data except the second:
+Four diagnostics, on stored data except ``lookup``:
 
 ``cycles``   the calibration's n-gram cycle probes (``records.jsonl`` of each ``--run`` directory) against the
              product's step-time fit (:func:`calibration.fit.fit_step_time` through ``benchmarks.serving``): the
@@ -12,11 +12,13 @@ Three diagnostics, on stored data except the second:
 ``lookup``   host time of vLLM's n-gram lookup (``vllm.v1.spec_decode.ngram_proposer.batch_propose_numba``) as
              ``NgramProposer.batch_propose`` calls it (one numba thread below 8192 tokens in the batch), over
              batch size and context length, and whether calling it slows torch's next GEMM (numba's OpenMP layer
-             and torch share the preloaded OpenMP runtime). CPU-heavy for a few seconds: run it under the CPU lock.
+             and torch share the preloaded OpenMP runtime). It re-executes itself in the servers' environment
+             (:func:`calibration.vllm_cpu.env.cpu_engine_env`: tcmalloc and libiomp5 preloaded, ``NUMBA_NUM_THREADS``
+             = the cores unless set; ``NUMBA_NUM_THREADS=1`` shows the thread drop that setting prevents).
+             CPU-heavy for a few seconds: run it under the CPU lock.
 ``idle``     the first-token time of requests that reached an idle server (nothing else in flight) in each stored
              served run and closed-loop probe: no n-gram work happens before such a request's first token, so a
              difference between runs of one server is the host's speed, not the n-gram step.
-
 ``slower``   each stored served run simulated again (``benchmarks.serving``'s re-analysis) on a host ``--slower``
              times slower throughout: every fitted time (step and prefill overheads, 1 / efficiencies, the front
              end's) scaled alike, nothing else changed. Which runs a uniformly slower host brings within 15 %.
@@ -279,4 +281,9 @@ def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_cli_args(p)
-    raise SystemExit(main(p.parse_args()))
+    parsed = p.parse_args()
+    if parsed.lookup:
+        from calibration.vllm_cpu.env import reexec_with_cpu_env
+
+        reexec_with_cpu_env(kv_cache_space_gib=None)
+    raise SystemExit(main(parsed))
