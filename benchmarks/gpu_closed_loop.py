@@ -408,7 +408,7 @@ def write_profile(workdir: Path, vllm_version: str = "0.24") -> dict:
     profile = {
         "name": f"{gpu.name} × vLLM {vllm_version}", "gpu": gpu.name, "vllm_version": vllm_version,
         "step_time": cal.step_time[target.name].to_dict(), "prefill": cal.prefill[target.name].to_dict(),
-        "max_batch_measured": cal.max_batch_calibrated, "behaviour": list(PROFILE_BEHAVIOUR),
+        "max_batch_measured": cal.max_batch_calibrated, "behaviour": list(PROFILE_BEHAVIOUR), "drafter": draft.name,
         "source": (f"benchmarks/gpu_closed_loop.py calibrate on {env.get('gpu_name')} (vLLM {env.get('vllm_version')},"
                    f" torch {env.get('torch_version')}, CUDA {env.get('cuda_version')}): {TARGET}- and {DRAFT}-shaped "
                    f"dummy weights, bf16, CUDA graphs; records in {workdir.relative_to(REPO_ROOT)}"),

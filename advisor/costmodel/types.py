@@ -324,6 +324,9 @@ class MeasuredEngineProfile:
     max_batch_measured: int
     behaviour: tuple[str, ...] = ()  # what the engine does differently there, in words
     source: str = ""
+    # catalog name of the drafter whose whole cycles were timed: its per-forward cost is this profile's; another
+    # drafter's (an EAGLE head is CUDA-graph captured where a separate draft model is not) keeps the prior
+    drafter: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MeasuredEngineProfile:
@@ -331,7 +334,8 @@ class MeasuredEngineProfile:
                    step_time=StepTimeParams.from_dict(data["step_time"]),
                    prefill=PrefillParams.from_dict(data["prefill"]),
                    max_batch_measured=int(data.get("max_batch_measured", 1)),
-                   behaviour=tuple(data.get("behaviour") or ()), source=str(data.get("source", "")))
+                   behaviour=tuple(data.get("behaviour") or ()), source=str(data.get("source", "")),
+                   drafter=data.get("drafter") or None)
 
 
 def acceptance_key(method: str, drafter: str | None, structure: str) -> str:

@@ -138,6 +138,25 @@ def test_profile_gives_measured_answers(specs):
     assert wide["engine_profile"] is None and wide["decision"] != "go"
 
 
+def test_profile_prices_only_the_drafter_it_timed(specs):
+    """The profile timed a separate 1B draft model, which vLLM 0.24 runs without CUDA graphs (5 ms per forward). An
+    EAGLE head is captured there, so its answer keeps the target's measured timing and the drafter prior, and says
+    so; before, it inherited the draft model's per-forward cost and came out 0.56× like the draft model."""
+    from advisor.costmodel import ModelSpec
+
+    gpu, target, draft = specs
+    profile = MeasuredEngineProfile.from_dict(json.loads(gcl.PROFILES_FILE.read_text())["items"][0])
+    assert profile.drafter == gcl.DRAFT
+    eagle = ModelSpec.from_dict(gcl.catalog_row("eagle-llama-3.1-8b"))
+    scenario = dataclasses.replace(_scenario("eagle", 1), speculator=Speculator("eagle", eagle.name, 3))
+    ans = predict(scenario, gpu, target, eagle, profile=profile, samples=400).to_dict()
+    dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
+    assert ans["speedup"]["expected"] > 1.1 > 0.7 > dm["speedup"]["expected"]
+    assert ans["engine_profile"]["drafter"] == gcl.DRAFT and ans["tpot_ms"]["baseline"] == dm["tpot_ms"]["baseline"]
+    assert any("not eagle-llama-3.1-8b's" in r and "prior" in r for r in ans["reasons"])
+    assert not any("prior" in r for r in dm["reasons"] if "profile" in r)
+
+
 def test_a_run_of_another_vllm_version_is_not_used(specs, fitted):
     """A calibration applies only to the vLLM version it measured (calibration_mismatch)."""
     import dataclasses
