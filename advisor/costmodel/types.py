@@ -324,9 +324,13 @@ class MeasuredEngineProfile:
     max_batch_measured: int
     behaviour: tuple[str, ...] = ()  # what the engine does differently there, in words
     source: str = ""
-    # catalog name of the drafter whose whole cycles were timed: its per-forward cost is this profile's; another
-    # drafter's (an EAGLE head is CUDA-graph captured where a separate draft model is not) keeps the prior
-    drafter: str | None = None
+    # step-time parameters of each drafter whose whole cycles were timed (catalog name, params): a drafter's own
+    # per-forward cost is a property of the drafter on this engine (vLLM 0.24 captures an EAGLE head in CUDA graphs
+    # and runs a separate draft model without), so a drafter not listed keeps the uncalibrated prior
+    drafters: tuple[tuple[str, StepTimeParams], ...] = ()
+
+    def drafter_step(self, name: str) -> StepTimeParams | None:
+        return next((params for drafter, params in self.drafters if drafter == name), None)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MeasuredEngineProfile:
@@ -335,7 +339,8 @@ class MeasuredEngineProfile:
                    prefill=PrefillParams.from_dict(data["prefill"]),
                    max_batch_measured=int(data.get("max_batch_measured", 1)),
                    behaviour=tuple(data.get("behaviour") or ()), source=str(data.get("source", "")),
-                   drafter=data.get("drafter") or None)
+                   drafters=tuple((str(name), StepTimeParams.from_dict(params))
+                                  for name, params in (data.get("drafters") or {}).items()))
 
 
 def acceptance_key(method: str, drafter: str | None, structure: str) -> str:

@@ -123,9 +123,9 @@ def test_profile_gives_measured_answers(specs):
     assert big["decision"] == "no-go" and big["speedup"]["high"] < 1.0
     # a two-piece σ would move only the fast end: the interval's high, not its low (the stored repeats do not
     # support narrowing it: test_draft_model_repeats_are_not_skewed_within_a_calibration)
-    assert profile.step_time.proposer_overhead_log_std_low is None
-    tight = dataclasses.replace(profile, step_time=dataclasses.replace(profile.step_time,
-                                                                       proposer_overhead_log_std_low=0.2))
+    assert profile.drafter_step(gcl.DRAFT).proposer_overhead_log_std_low is None
+    tight = dataclasses.replace(profile, drafters=tuple(
+        (name, dataclasses.replace(params, proposer_overhead_log_std_low=0.2)) for name, params in profile.drafters))
     one = predict(_scenario("draft_model", 1), gpu, target, draft, profile=tight, samples=400).to_dict()["speedup"]
     assert one["low"] == dm["speedup"]["low"] and one["high"] < 1.0 < dm["speedup"]["high"]
     assert dm["engine_profile"]["name"] == "H200-SXM × vLLM 0.24"
@@ -146,14 +146,14 @@ def test_profile_prices_only_the_drafter_it_timed(specs):
 
     gpu, target, draft = specs
     profile = MeasuredEngineProfile.from_dict(json.loads(gcl.PROFILES_FILE.read_text())["items"][0])
-    assert profile.drafter == gcl.DRAFT
+    assert [name for name, _ in profile.drafters] == [gcl.DRAFT] and profile.drafter_step(gcl.DRAFT) == profile.step_time
     eagle = ModelSpec.from_dict(gcl.catalog_row("eagle-llama-3.1-8b"))
     scenario = dataclasses.replace(_scenario("eagle", 1), speculator=Speculator("eagle", eagle.name, 3))
     ans = predict(scenario, gpu, target, eagle, profile=profile, samples=400).to_dict()
     dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
     assert ans["speedup"]["expected"] > 1.1 > 0.7 > dm["speedup"]["expected"]
-    assert ans["engine_profile"]["drafter"] == gcl.DRAFT and ans["tpot_ms"]["baseline"] == dm["tpot_ms"]["baseline"]
-    assert any("not eagle-llama-3.1-8b's" in r and "prior" in r for r in ans["reasons"])
+    assert ans["engine_profile"]["drafters"] == [gcl.DRAFT] and ans["tpot_ms"]["baseline"] == dm["tpot_ms"]["baseline"]
+    assert any("no cycles of eagle-llama-3.1-8b" in r and "prior" in r for r in ans["reasons"])
     assert not any("prior" in r for r in dm["reasons"] if "profile" in r)
 
 
