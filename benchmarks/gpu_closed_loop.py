@@ -323,13 +323,23 @@ def calibration_records(workdir: Path) -> list[dict]:
     return [r for r in records if r["params"]["engine"]["label"] not in redone] + redo
 
 
+# vLLM 0.24 runs EAGLE-type drafters on Model Runner V2 with async scheduling, and a separate draft model, n-gram and
+# the verify probes' free proposer (custom_class) on the V1 runner without it (the engines' start-up log:
+# benchmarks/data/h200-vllm0.24-eagle/calibrate.err.gz), so a step costs a different host time on each path
+ASYNC_PATH_METHODS = ("eagle", "eagle3")
+
+
 def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int = 0):
     """Fit the GPU run (``calibration.fit.fit_run``): one set of step-time parameters for the target and its
     drafter's forwards (target decode, verify widths, speculative steps without drafts, whole draft-model and
-    n-gram cycles), and the prefill fit; keyed by what was measured (bf16, TP 1, CUDA graphs)."""
+    n-gram cycles), and the prefill fit; keyed by what was measured (bf16, TP 1, CUDA graphs). A drafter that runs
+    on another engine path (``ASYNC_PATH_METHODS``) is fitted with the target's plain steps and prefill only."""
     from advisor.costmodel import Calibration
     from calibration.fit import fit_run
 
+    if drafter_method(draft.name) in ASYNC_PATH_METHODS:
+        records = [r for r in records if r["params"]["engine"]["label"] == "target"
+                   or (r["params"]["engine"].get("speculative_config") or {}).get("method") in ASYNC_PATH_METHODS]
     target_path, models = fit_models(records, draft)
     results: dict = {}
     fits = fit_run(records, gpu, target, draft, drafter_method(draft.name), draft.name, target_path=target_path,

@@ -324,9 +324,10 @@ class MeasuredEngineProfile:
     max_batch_measured: int
     behaviour: tuple[str, ...] = ()  # what the engine does differently there, in words
     source: str = ""
-    # step-time parameters of each drafter whose whole cycles were timed (catalog name, params): a drafter's own
-    # per-forward cost is a property of the drafter on this engine (vLLM 0.24 captures an EAGLE head in CUDA graphs
-    # and runs a separate draft model without), so a drafter not listed keeps the uncalibrated prior
+    # step-time parameters of the engine speculating with each drafter whose whole cycles were timed (catalog name,
+    # params: the target's steps and the drafter's forwards fitted together): vLLM 0.24 runs an EAGLE head on Model
+    # Runner V2 with async scheduling and CUDA graphs, a separate draft model on the V1 runner without either, so
+    # each drafter's engine is priced by its own fit; a drafter not listed keeps the uncalibrated prior
     drafters: tuple[tuple[str, StepTimeParams], ...] = ()
 
     def drafter_step(self, name: str) -> StepTimeParams | None:
