@@ -269,48 +269,41 @@ def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return z_acc, z_step, z_over, z_time
 
 
-def _step_samples(params: StepTimeParams, samples: int) -> StepSamples:
-    """StepSamples.sample(params, samples, <the seeded rng after the acceptance draws>), cached per parameter set
-    (catalog defaults are shared by every scenario on a GPU class and engine)."""
-    cov = tuple(tuple(float(x) for x in row) for row in params.covariance) if params.covariance else None
-    return _cached_step_samples(params.bandwidth_efficiency, params.compute_efficiency, params.fixed_overhead_s,
-                                cov, samples)
-
-
-@lru_cache(maxsize=64)
-def _cached_step_samples(eta_bw: float, eta_f: float, fixed_s: float, cov: tuple | None, samples: int) -> StepSamples:
-    params = StepTimeParams(eta_bw, eta_f, fixed_s, [list(row) for row in cov] if cov else None)
-    step = StepSamples.from_normals(params, _mc_normals(samples)[1])
-    for a in (step.eta_bw, step.eta_f, step.fixed_s):
-        a.flags.writeable = False
-    return step
-
-
-_MC_STEPS: dict[tuple, StepSamples] = {}
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepTimeParams))
 
 
 def _params_key(params: StepTimeParams) -> tuple:
     """Every field of ``params``, hashable (the covariance as nested tuples)."""
     return tuple(tuple(map(tuple, value)) if isinstance(value, list) else value
-                 for value in (getattr(params, f.name) for f in dataclasses.fields(params)))
+                 for value in (getattr(params, name) for name in _STEP_FIELDS))
+
+
+def _params_from_key(key: tuple) -> StepTimeParams:
+    """:func:`_params_key` undone (the covariance as nested lists again)."""
+    return StepTimeParams(*(list(map(list, value)) if isinstance(value, tuple) else value for value in key))
+
+
+def _read_only(step: StepSamples) -> StepSamples:
+    """``step`` with its arrays made read-only (it is shared through a cache)."""
+    for value in vars(step).values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return step
 
 
 def _mc_step_samples(target: StepTimeParams, draft: StepTimeParams, samples: int) -> StepSamples:
     """The Monte Carlo step-time draws (efficiencies, fixed, verify / proposer / per-sequence overheads, eager
     drafter, timing spread): a pure function of the two parameter sets and the seed, cached per distinct pair
     (catalog defaults are shared by every scenario on a GPU class, engine and method)."""
-    key = (_params_key(target), _params_key(draft), samples)
-    step = _MC_STEPS.get(key)
-    if step is None:
-        _, _, z_over, z_time = _mc_normals(samples)
-        step = _step_samples(target, samples).with_overheads(target, draft, z_over).with_timing_spread(target, z_time)
-        for value in vars(step).values():
-            if isinstance(value, np.ndarray):
-                value.flags.writeable = False
-        if len(_MC_STEPS) >= 256:
-            _MC_STEPS.clear()
-        _MC_STEPS[key] = step
-    return step
+    return _cached_mc_step_samples(_params_key(target), _params_key(draft), samples)
+
+
+@lru_cache(maxsize=256)
+def _cached_mc_step_samples(target_key: tuple, draft_key: tuple, samples: int) -> StepSamples:
+    target, draft = _params_from_key(target_key), _params_from_key(draft_key)
+    _, z_step, z_over, z_time = _mc_normals(samples)
+    step = StepSamples.from_normals(target, z_step).with_overheads(target, draft, z_over)
+    return _read_only(step.with_timing_spread(target, z_time))
 
 
 def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarray, samples: int,
@@ -487,8 +480,8 @@ def _prediction(answer: dict[str, Any]) -> Prediction:
     return Prediction(answer, finite_json(answer))
 
 
-# json.dumps(answer, allow_nan=False), without building an encoder per call or tracking containers (an answer is a
-# tree the cost model built, never circular)
+# json.dumps(answer, allow_nan=False), without building an encoder per call or tracking containers (an answer, like
+# the service's list entry that also goes through finite_json, is a tree built fresh, never circular)
 _STRICT_JSON = json.JSONEncoder(allow_nan=False, check_circular=False)
 
 
