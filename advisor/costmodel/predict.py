@@ -353,11 +353,21 @@ def _littles_law(batch: np.ndarray, latency_s: np.ndarray, rps: float, cap: floa
 def percentiles(x: np.ndarray, q: tuple[float, ...]) -> np.ndarray:
     """Linear-interpolated percentiles along axis 0 (numpy's default method, without its overhead)."""
     s = np.sort(x, axis=0)
-    pos = np.asarray(q, dtype=float) / 100.0 * (s.shape[0] - 1)
+    lo, hi, w_lo, w_hi = _percentile_weights(tuple(q), s.shape[0], s.ndim)
+    return s[lo] * w_lo + s[hi] * w_hi
+
+
+@lru_cache(maxsize=16)
+def _percentile_weights(q: tuple[float, ...], n: int, ndim: int) -> tuple[np.ndarray, ...]:
+    """The rows either side of each percentile of ``n`` sorted values and their weights (read-only)."""
+    pos = np.asarray(q, dtype=float) / 100.0 * (n - 1)
     lo = np.floor(pos).astype(int)
-    hi = np.minimum(lo + 1, s.shape[0] - 1)
-    w = (pos - lo).reshape((-1,) + (1,) * (s.ndim - 1))
-    return s[lo] * (1 - w) + s[hi] * w
+    hi = np.minimum(lo + 1, n - 1)
+    w = (pos - lo).reshape((-1,) + (1,) * (ndim - 1))
+    out = (lo, hi, 1 - w, w)
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _break_even(batch: Sequence[float], speedup: Sequence[float]) -> float | None:
@@ -787,7 +797,8 @@ def _compared(ctx: Context) -> tuple[Compared, ...]:
 def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
                      compared: tuple[Compared, ...]) -> list[dict[str, Any]]:
     """The scenario's method (grid row 0) against the compared methods (rows 1..), at the workload's concurrency."""
-    sp_all = (grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]).tolist()  # (1 + M, K)
+    sp = grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]  # (1 + M, K)
+    sp_all, best_all = sp.tolist(), (np.argmax(sp, axis=1) + 1).tolist()
     al_all = grid.al[:, 0, :].tolist()
     candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source)]
     for c in compared:
@@ -795,10 +806,9 @@ def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
                            if c.drafter is not None else "none",
                            c.acceptance.source.split(";")[0]))
     rows = []
-    for (m, d, src, acc_source), sp, al in zip(candidates, sp_all, al_all):
-        best = int(np.argmax(sp)) + 1
+    for (m, d, src, acc_source), row, best, al in zip(candidates, sp_all, best_all, al_all):
         rows.append({"method": m, "drafter": d.name if d is not None else None, "drafter_source": src,
-                     "num_speculative_tokens": best, "expected_speedup": sp[best - 1],
+                     "num_speculative_tokens": best, "expected_speedup": row[best - 1],
                      "mean_acceptance_length": al[best - 1], "acceptance_source": acc_source})
     rows.sort(key=lambda r: -r["expected_speedup"])
     return rows
