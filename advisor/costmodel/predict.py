@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Sequence
@@ -269,13 +270,15 @@ def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return z_acc, z_step, z_over, z_time
 
 
-_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepTimeParams))
+_STEP_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(StepTimeParams)))
 
 
 def _params_key(params: StepTimeParams) -> tuple:
     """Every field of ``params``, hashable (the covariance as nested tuples)."""
-    return tuple(tuple(map(tuple, value)) if isinstance(value, list) else value
-                 for value in (getattr(params, name) for name in _STEP_FIELDS))
+    key = _STEP_FIELDS(params)
+    if params.covariance is None:
+        return key
+    return tuple(tuple(map(tuple, value)) if isinstance(value, list) else value for value in key)
 
 
 def _params_from_key(key: tuple) -> StepTimeParams:
@@ -826,8 +829,10 @@ def _provenance(ctx: Context, answer: dict[str, Any], acc_source: str, conc_sour
     def put(path: str, value: Any, source: str) -> None:
         if isinstance(value, dict):
             for key, v in value.items():
-                if isinstance(v, (dict, list)):
+                if isinstance(v, dict):
                     put(f"{path}.{key}", v, source)
+                elif isinstance(v, list) and v and isinstance(v[0], dict):
+                    put(f"{path}.{key}[*]", v[0], source)
                 else:  # a leaf (inlined: most values are)
                     prov[f"{path}.{key}"] = source
         elif isinstance(value, list) and value and isinstance(value[0], dict):
