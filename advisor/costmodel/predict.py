@@ -459,8 +459,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     # the curve's concurrencies.
     mc = queued(_grid(ctx, setup, ctx.acceptance, batch, samples, k), res_b, res_s)
     curve_idx = [int(i) for i in np.searchsorted(batch, CURVE_CONCURRENCY)]
-    lb, ls = mc.latency_base_s[:, :, 0], mc.latency_spec_s[:, :, 0]
-    mc_sp = np.concatenate([(lb[:, ib] / ls[:, isp])[:, None], lb[:, curve_idx] / ls[:, curve_idx]], axis=1)
+    mc_sp = mc.latency_base_s[:, [ib, *curve_idx], 0] / mc.latency_spec_s[:, [isp, *curve_idx], 0]
     pct = percentiles(mc_sp, INTERVAL)  # (2, 1 + len(curve))
     x0 = float(mc_sp[0, 0])
     expected, low, high = x0, min(float(pct[0, 0]), x0), max(float(pct[1, 0]), x0)  # point, and the interval widened to contain it
