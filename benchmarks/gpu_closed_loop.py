@@ -56,9 +56,18 @@ class EngineCase:
     acceptances: tuple[float, ...] = ()
 
 
-def engine_cases() -> list[EngineCase]:
+MODEL_DRAFTER_METHODS = {"causal_lm": "draft_model", "eagle_head": "eagle", "eagle3_head": "eagle3"}
+
+
+def drafter_method(name: str) -> str:
+    """vLLM's speculative method for a catalog drafter: a causal LM runs as a separate draft model, a head by its
+    kind (an EAGLE head: ``eagle``)."""
+    return MODEL_DRAFTER_METHODS[catalog_row(name)["kind"]]
+
+
+def engine_cases(drafter: str = DRAFT) -> list[EngineCase]:
     cases = [EngineCase("baseline", None)]
-    for method, ks in (("draft_model", (3, 5)), ("ngram", (3,))):
+    for method, ks in ((drafter_method(drafter), (3, 5)), ("ngram", (3,))):
         for k in ks:
             cases.append(EngineCase(f"{method}-k{k}", method, k, ACCEPTANCES))
     return cases
@@ -74,28 +83,44 @@ def set_synthetic_rates(worker, conditional: list[float]) -> bool:
     return True
 
 
+def _catalog_names() -> list[str]:
+    return [r["name"] for r in json.loads((DATA_DIR / "models.json").read_text())["items"]]
+
+
 def catalog_row(name: str) -> dict:
     rows = json.loads((DATA_DIR / "models.json").read_text())["items"]
     return next(r for r in rows if r["name"] == name)
 
 
-def catalog_specs():
+def catalog_specs(drafter: str = DRAFT):
     """(H200-SXM, target, drafter) as the cost model's specs, from the packaged catalog."""
     from advisor.costmodel import GpuSpec, ModelSpec
 
     gpu = next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"] if g["name"] == "H200-SXM")
-    return GpuSpec.from_dict(gpu), ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(DRAFT))
+    return GpuSpec.from_dict(gpu), ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(drafter))
 
 
-def shapes(workdir: Path) -> tuple[str, str]:
+def shapes(workdir: Path, drafter: str = DRAFT) -> tuple[str, str]:
+    """Config-only checkpoints of the target's and the drafter's shapes (the drafter's directory is its catalog
+    name: :func:`run_drafter` reads it back from the records)."""
     from calibration.models import write_shape
 
     return (str(write_shape(catalog_row(TARGET), workdir / "shapes" / TARGET)),
-            str(write_shape(catalog_row(DRAFT), workdir / "shapes" / DRAFT)))
+            str(write_shape(catalog_row(drafter), workdir / "shapes" / drafter)))
 
 
-def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1):
-    """The GPU probe plan of the closed loop: the product's ``ProbeConfig`` with timing settings for an H200."""
+def run_drafter(records: list[dict]) -> str:
+    """The catalog name of the model drafter a run timed (its shape directory's name), or the default one."""
+    for r in records:
+        spec = r["params"]["engine"].get("speculative_config") or {}
+        if spec.get("method") in MODEL_DRAFTER_METHODS.values() and spec.get("model"):
+            return Path(spec["model"]).name
+    return DRAFT
+
+
+def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, drafter: str = DRAFT):
+    """The GPU probe plan of the closed loop: the product's ``ProbeConfig`` with timing settings for an H200;
+    ``draft`` is the path of ``drafter``'s shape."""
     from calibration.probes import DrafterSpec, ProbeConfig
 
     return ProbeConfig(
@@ -105,17 +130,18 @@ def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1):
         context_len=PROMPT_TOKENS, verify_ks=(3, 5), prompt_lengths=(512, 2048, 8192), prefill_batch_sizes=(1, 4),
         max_prefill_tokens=8192, sampled_temperature=0.8, synthetic_acceptance=CALIBRATION_ACCEPTANCE,
         repeats=2, max_repeats=4, max_relative_spread=0.1, max_model_len=8192 + 512,
-        drafters=(DrafterSpec("draft_model", 3, model=draft, draft_sample_method=None, label=f"draft_model-{DRAFT}-k3"),
+        drafters=(DrafterSpec(drafter_method(drafter), 3, model=draft, draft_sample_method=None,
+                              label=f"{drafter_method(drafter)}-{drafter}-k3"),
                   DrafterSpec("ngram", 3)),
     )
 
 
 # --------------------------------------------------------------------------------------------- calibrate
-def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1) -> int:
+def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, drafter: str = DRAFT) -> int:
     from calibration.probes import ProbeRunError, environment_info, run_probes
     from calibration.runner import to_record
 
-    target, draft = shapes(workdir)
+    target, draft = shapes(workdir, drafter)
     out = workdir / ("calibration.jsonl" if engines is None else "calibration-redo.jsonl")
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
@@ -136,12 +162,12 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1) -> i
 
         status = "succeeded"
         try:
-            run_probes(gpu_probe_config(target, draft, tp), progress=progress, on_measurement=emit, engines=engines)
+            run_probes(gpu_probe_config(target, draft, tp, drafter), progress=progress, on_measurement=emit, engines=engines)
         except ProbeRunError as exc:
             status = f"failed: {exc}"
     info = {"status": status, "wall_s": round(time.perf_counter() - t0, 1),
             "split_s": {k: round(v, 1) for k, v in splits.items()}, "environment": environment_info(),
-            "config": dataclasses.asdict(gpu_probe_config(target, draft, tp))}
+            "config": dataclasses.asdict(gpu_probe_config(target, draft, tp, drafter))}
     (workdir / ("calibration-run.json" if engines is None else "calibration-redo-run.json")).write_text(json.dumps(info, indent=1, default=str) + "\n")
     print(json.dumps({k: info[k] for k in ("status", "wall_s", "split_s")}), flush=True)
     return 0 if status == "succeeded" else 1
@@ -164,7 +190,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
     spec = None
     acceptances: tuple[float | None, ...] = (None,)
     if case.method:
-        d = DrafterSpec(case.method, case.k, model=draft if case.method == "draft_model" else None,
+        d = DrafterSpec(case.method, case.k, model=None if case.method == "ngram" else draft,
                         draft_sample_method=None)
         acceptances = case.acceptances
         spec = d.speculative_config(target, synthetic_rates(acceptances[0], case.k))
@@ -220,7 +246,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
         stop_engine(llm)
 
 
-def measure(workdir: Path, only: list[str] | None = None, tp: int = 1) -> int:
+def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT) -> int:
     """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
     process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time."""
     from calibration.probes import HeldProcess
@@ -232,13 +258,14 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1) -> int:
         by: dict[str, set] = {}
         for r in rows:
             by.setdefault(r["engine"], set()).add(r["batch_size"])
-        done = {c.label for c in engine_cases()
+        done = {c.label for c in engine_cases(drafter)
                 if all(by.get(lbl, set()) >= set(BATCH_SIZES)
                        for lbl in ([c.label] if not c.method else [f"{c.label}-a{a:g}" for a in c.acceptances]))}
-    todo = [c for c in engine_cases() if c.label not in done and not (only and c.label not in only)]
+    todo = [c for c in engine_cases(drafter) if c.label not in done and not (only and c.label not in only)]
     t0 = time.perf_counter()
     procs = [HeldProcess([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir", str(workdir),
-                          "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp), "--held", str(len(todo))],
+                          "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp), "--held", str(len(todo)),
+                          "--drafter", drafter],
                          c.label) for c in todo]
     status = 0
     try:
@@ -305,7 +332,8 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
 
     target_path, models = fit_models(records, draft)
     results: dict = {}
-    fits = fit_run(records, gpu, target, draft, "draft_model", draft.name, target_path=target_path, models=models,
+    fits = fit_run(records, gpu, target, draft, drafter_method(draft.name), draft.name, target_path=target_path,
+                   models=models,
                    results=results)
     by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
     for f in fits:
@@ -319,11 +347,12 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
 
 
 def fit_models(records: list[dict], draft) -> tuple[str, dict]:
-    """The target engine's checkpoint path, and the draft model's path(s) -> ``draft`` (joined into the joint fit)."""
+    """The target engine's checkpoint path, and the model drafter's path(s) -> ``draft`` (joined into the joint
+    fit)."""
     engines = [r["params"]["engine"] for r in records]
     target_path = next(e["model"] for e in engines if e["label"] == "target")
     draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
-                   if (e.get("speculative_config") or {}).get("method") == "draft_model"}
+                   if (e.get("speculative_config") or {}).get("method") in MODEL_DRAFTER_METHODS.values()}
     return target_path, {p: draft for p in draft_paths if p}
 
 
@@ -361,7 +390,7 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
     from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
-    gpu, target, draft = catalog_specs()
+    gpu, target, draft = catalog_specs(run_drafter(records))
     cal, results = build_gpu_calibration(records, gpu, target, draft)
     tp = tensor_parallel_size(records)
     rows = measurement_rows(workdir)
@@ -377,10 +406,10 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
         steps = sum(x["output_tokens"] - r["batch_size"] - x["num_accepted_tokens"] for x in rounds)
         frac = min(1.0, drafts / steps) if steps else 0.0
         k, a = r["k"], r["acceptance"]
-        copy = r["method"] != "draft_model"
+        copy = r["method"] == "ngram"
         scen = Scenario(
             gpu="H200-SXM", target_model=TARGET,
-            speculator=Speculator(r["method"], None if copy else DRAFT, k),
+            speculator=Speculator(r["method"], None if copy else draft.name, k),
             workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]), gpu_count=tp,
             acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
@@ -399,25 +428,35 @@ PROFILE_BEHAVIOUR = ("a separate draft model runs without CUDA graphs",
 
 
 def write_profile(workdir: Path, vllm_version: str = "0.24") -> dict:
-    """The run's fit as the shipped engine profile of H200-SXM × this vLLM version (advisor/data/engine_profiles.json,
-    replacing an older profile of the same pair)."""
-    gpu, target, draft = catalog_specs()
+    """The run's fit as the shipped engine profile of H200-SXM × this vLLM version (advisor/data/engine_profiles.json).
+    A run of the default drafter replaces the profile's timing (and its own drafter entry); a run of another
+    drafter (an EAGLE head) adds or replaces only that drafter's entry in ``drafters``."""
     records = calibration_records(workdir)
+    drafter = run_drafter(records)
+    gpu, target, draft = catalog_specs(drafter)
     cal, _ = build_gpu_calibration(records, gpu, target, draft)
     env = json.loads((workdir / "calibration-run.json").read_text())["environment"]
-    profile = {
-        "name": f"{gpu.name} × vLLM {vllm_version}", "gpu": gpu.name, "vllm_version": vllm_version,
-        "step_time": cal.step_time[target.name].to_dict(), "prefill": cal.prefill[target.name].to_dict(),
-        "max_batch_measured": cal.max_batch_calibrated, "behaviour": list(PROFILE_BEHAVIOUR),
-        "source": (f"benchmarks/gpu_closed_loop.py calibrate on {env.get('gpu_name')} (vLLM {env.get('vllm_version')},"
-                   f" torch {env.get('torch_version')}, CUDA {env.get('cuda_version')}): {TARGET}- and {DRAFT}-shaped "
-                   f"dummy weights, bf16, CUDA graphs; records in {workdir.relative_to(REPO_ROOT)}"),
-    }
     data = json.loads(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {
         "about": "Measured engine profiles: step-time and prefill fits of the product's probe plan on one GPU × vLLM "
                  "version (benchmarks/gpu_closed_loop.py). A scenario that names vllm_version gets the matching "
-                 "profile's timing when no calibration run of its own applies.", "items": []}
-    data["items"] = [p for p in data["items"] if p["name"] != profile["name"]] + [profile]
+                 "profile's timing when no calibration run of its own applies; its drafter's own cost comes from "
+                 "the profile only for the drafters listed under drafters.", "items": []}
+    name = f"{gpu.name} × vLLM {vllm_version}"
+    old = next((p for p in data["items"] if p["name"] == name), None)
+    source = (f"benchmarks/gpu_closed_loop.py calibrate on {env.get('gpu_name')} (vLLM {env.get('vllm_version')}, "
+              f"torch {env.get('torch_version')}, CUDA {env.get('cuda_version')}): {TARGET}- and {drafter}-shaped "
+              f"dummy weights, bf16, CUDA graphs; records in {workdir.relative_to(REPO_ROOT)}")
+    if drafter == DRAFT or old is None:
+        profile = {
+            "name": name, "gpu": gpu.name, "vllm_version": vllm_version,
+            "step_time": cal.step_time[target.name].to_dict(), "prefill": cal.prefill[target.name].to_dict(),
+            "max_batch_measured": cal.max_batch_calibrated, "behaviour": list(PROFILE_BEHAVIOUR), "source": source,
+            "drafters": {**(old or {}).get("drafters", {}), drafter: cal.step_time[drafter].to_dict()},
+        }
+    else:
+        profile = {**old, "drafters": {**old.get("drafters", {}), drafter: cal.step_time[drafter].to_dict()}}
+        profile["source"] = old["source"] + f"; {drafter}'s cycles: {source}"
+    data["items"] = [p for p in data["items"] if p["name"] != name] + [profile]
     PROFILES_FILE.write_text(json.dumps(data, indent=1) + "\n")
     return profile
 
@@ -453,6 +492,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
     parser.add_argument("--only", default=None, help="calibrate: plan engines whose label starts with one of these; measure: engine labels")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine (calibrate, measure)")
+    parser.add_argument("--drafter", default=DRAFT, choices=sorted(n for n in _catalog_names()
+                                                                   if catalog_row(n)["kind"] in MODEL_DRAFTER_METHODS),
+                        help="calibrate, measure: the model drafter (catalog name; an EAGLE head runs as 'eagle')")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
@@ -463,11 +505,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
-        return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp)
+        return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter)
     if args.phase == "measure":
-        return measure(args.workdir, args.only.split(",") if args.only else None, args.tp)
+        return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter)
     if args.phase == "_engine":
-        target, draft = shapes(args.workdir)
+        target, draft = shapes(args.workdir, args.drafter)
         case = json.loads(args.case)
         _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
                         args.workdir / "measurements.jsonl", args.tp, args.held)

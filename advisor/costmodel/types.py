@@ -324,6 +324,13 @@ class MeasuredEngineProfile:
     max_batch_measured: int
     behaviour: tuple[str, ...] = ()  # what the engine does differently there, in words
     source: str = ""
+    # step-time parameters of each drafter whose whole cycles were timed (catalog name, params): a drafter's own
+    # per-forward cost is a property of the drafter on this engine (vLLM 0.24 captures an EAGLE head in CUDA graphs
+    # and runs a separate draft model without), so a drafter not listed keeps the uncalibrated prior
+    drafters: tuple[tuple[str, StepTimeParams], ...] = ()
+
+    def drafter_step(self, name: str) -> StepTimeParams | None:
+        return next((params for drafter, params in self.drafters if drafter == name), None)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MeasuredEngineProfile:
@@ -331,7 +338,9 @@ class MeasuredEngineProfile:
                    step_time=StepTimeParams.from_dict(data["step_time"]),
                    prefill=PrefillParams.from_dict(data["prefill"]),
                    max_batch_measured=int(data.get("max_batch_measured", 1)),
-                   behaviour=tuple(data.get("behaviour") or ()), source=str(data.get("source", "")))
+                   behaviour=tuple(data.get("behaviour") or ()), source=str(data.get("source", "")),
+                   drafters=tuple((str(name), StepTimeParams.from_dict(params))
+                                  for name, params in (data.get("drafters") or {}).items()))
 
 
 def acceptance_key(method: str, drafter: str | None, structure: str) -> str:

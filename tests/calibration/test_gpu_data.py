@@ -27,6 +27,18 @@ def fitted(specs):
     return gcl.build_gpu_calibration(gcl.calibration_records(RUN), gpu, target, draft)
 
 
+def _same(got, stored) -> bool:
+    """Equal up to the last bits: the fit's least squares and scipy's optimisers differ by ~1e-9 relative between
+    CPUs (BLAS kernels), so a re-derived figure matches the stored one to 1e-5 (a covariance entry: 1.3e-6), not bit for bit."""
+    if isinstance(got, dict) and isinstance(stored, dict):
+        return got.keys() == stored.keys() and all(_same(got[k], stored[k]) for k in got)
+    if isinstance(got, (list, tuple)) and isinstance(stored, (list, tuple)):
+        return len(got) == len(stored) and all(_same(a, b) for a, b in zip(got, stored))
+    if isinstance(got, float) or isinstance(stored, float):
+        return got == pytest.approx(stored, rel=1e-5, abs=1e-12)
+    return got == stored
+
+
 def _records(probe: str) -> list[dict]:
     return [r["values"] | {"engine": r["params"]["engine"]} for r in gcl.calibration_records(RUN) if r["probe"] == probe]
 
@@ -81,15 +93,15 @@ def test_analysis_is_reproducible(tmp_path, capsys):
     out = tmp_path / "r.json"
     gcl.analyze(RUN, out)
     capsys.readouterr()
-    assert json.loads(out.read_text())["summary"] == json.loads((RUN / "closed-loop-result.json").read_text())["summary"]
+    assert _same(json.loads(out.read_text())["summary"], json.loads((RUN / "closed-loop-result.json").read_text())["summary"])
 
 
 def test_shipped_profile_is_the_fit(fitted):
     cal, _ = fitted
     items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
     profile = MeasuredEngineProfile.from_dict(next(p for p in items if p["name"] == "H200-SXM × vLLM 0.24"))
-    assert profile.step_time == cal.step_time[gcl.TARGET]
-    assert profile.prefill == cal.prefill[gcl.TARGET]
+    assert _same(dataclasses.asdict(profile.step_time), dataclasses.asdict(cal.step_time[gcl.TARGET]))
+    assert _same(dataclasses.asdict(profile.prefill), dataclasses.asdict(cal.prefill[gcl.TARGET]))
 
 
 def _scenario(method: str, concurrency: int, vllm_version: str | None = "0.24") -> Scenario:
@@ -111,9 +123,9 @@ def test_profile_gives_measured_answers(specs):
     assert big["decision"] == "no-go" and big["speedup"]["high"] < 1.0
     # a two-piece σ would move only the fast end: the interval's high, not its low (the stored repeats do not
     # support narrowing it: test_draft_model_repeats_are_not_skewed_within_a_calibration)
-    assert profile.step_time.proposer_overhead_log_std_low is None
-    tight = dataclasses.replace(profile, step_time=dataclasses.replace(profile.step_time,
-                                                                       proposer_overhead_log_std_low=0.2))
+    assert profile.drafter_step(gcl.DRAFT).proposer_overhead_log_std_low is None
+    tight = dataclasses.replace(profile, drafters=tuple(
+        (name, dataclasses.replace(params, proposer_overhead_log_std_low=0.2)) for name, params in profile.drafters))
     one = predict(_scenario("draft_model", 1), gpu, target, draft, profile=tight, samples=400).to_dict()["speedup"]
     assert one["low"] == dm["speedup"]["low"] and one["high"] < 1.0 < dm["speedup"]["high"]
     assert dm["engine_profile"]["name"] == "H200-SXM × vLLM 0.24"
@@ -124,6 +136,25 @@ def test_profile_gives_measured_answers(specs):
     # without a version the answer stays the uncalibrated, wide one
     wide = predict(_scenario("draft_model", 1, None), gpu, target, draft, samples=400).to_dict()
     assert wide["engine_profile"] is None and wide["decision"] != "go"
+
+
+def test_profile_prices_only_the_drafter_it_timed(specs):
+    """The profile timed a separate 1B draft model, which vLLM 0.24 runs without CUDA graphs (5 ms per forward). An
+    EAGLE head is captured there, so its answer keeps the target's measured timing and the drafter prior, and says
+    so; before, it inherited the draft model's per-forward cost and came out 0.56× like the draft model."""
+    from advisor.costmodel import ModelSpec
+
+    gpu, target, draft = specs
+    profile = MeasuredEngineProfile.from_dict(json.loads(gcl.PROFILES_FILE.read_text())["items"][0])
+    assert [name for name, _ in profile.drafters] == [gcl.DRAFT] and profile.drafter_step(gcl.DRAFT) == profile.step_time
+    eagle = ModelSpec.from_dict(gcl.catalog_row("eagle-llama-3.1-8b"))
+    scenario = dataclasses.replace(_scenario("eagle", 1), speculator=Speculator("eagle", eagle.name, 3))
+    ans = predict(scenario, gpu, target, eagle, profile=profile, samples=400).to_dict()
+    dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
+    assert ans["speedup"]["expected"] > 1.1 > 0.7 > dm["speedup"]["expected"]
+    assert ans["engine_profile"]["drafters"] == [gcl.DRAFT] and ans["tpot_ms"]["baseline"] == dm["tpot_ms"]["baseline"]
+    assert any("no cycles of eagle-llama-3.1-8b" in r and "prior" in r for r in ans["reasons"])
+    assert not any("prior" in r for r in dm["reasons"] if "profile" in r)
 
 
 def test_a_run_of_another_vllm_version_is_not_used(specs, fitted):
@@ -155,7 +186,7 @@ def test_second_run_engines_started_together_and_meets_the_targets(tmp_path, cap
                               ("closed-loop-result-repeat-calibration.json", RUN2.parent / "h200-vllm0.24-run2-repeat")):
         out = tmp_path / name
         gcl.analyze(RUN2, out, calibration)
-        assert json.loads(out.read_text())["summary"] == json.loads((RUN2 / name).read_text())["summary"]
+        assert _same(json.loads(out.read_text())["summary"], json.loads((RUN2 / name).read_text())["summary"])
     capsys.readouterr()
     own = json.loads((RUN2 / "closed-loop-result.json").read_text())
     assert own["summary"]["median_abs_error"] <= 0.10 and own["summary"]["sign_right"] == 36
@@ -184,7 +215,7 @@ def test_engine_clock_runs_halve_the_probe_time_and_keep_n_gram_within_ten_perce
             out = tmp_path / f"{run.name}-{name}"
             gcl.analyze(run, out, calibration)
             got = json.loads(out.read_text())
-            assert got["summary"] == json.loads((run / name).read_text())["summary"]
+            assert _same(got["summary"], json.loads((run / name).read_text())["summary"])
             ngram = [abs(p["error"]) for p in got["points"] if p["method"] == "ngram"]
             assert statistics.median(ngram) <= 0.10 and got["summary"]["sign_right"] >= 35
             assert all((p["measured"] > 1) == (p["predicted"] > 1) for p in got["points"] if p["method"] == "draft_model")
@@ -205,10 +236,38 @@ def test_run5_calibrates_within_180_s_on_a_used_node_and_meets_the_targets(tmp_p
         out = tmp_path / name
         gcl.analyze(RUN5, out, calibration)
         got = json.loads(out.read_text())
-        assert got["summary"] == json.loads((RUN5 / name).read_text())["summary"]
+        assert _same(got["summary"], json.loads((RUN5 / name).read_text())["summary"])
         assert got["summary"]["median_abs_error"] <= 0.10 and got["summary"]["sign_right"] >= 35
     capsys.readouterr()
     assert json.loads((RUN5 / "closed-loop-result-second-calibration.json").read_text())["summary"]["sign_right"] == 36
+
+
+RUN7, RUN7B = RUN.parent / "h200-vllm0.24-run7", RUN.parent / "h200-vllm0.24-run7-second"
+
+
+def test_run7_calibrates_a_fresh_node_within_180_s_and_meets_the_targets(tmp_path, capsys):
+    """Run 7 (2026-12-01, a fresh lease: up 0 min): the parent no longer imports vLLM and torch before the engine
+    processes start (nvidia-smi and package metadata instead), and plain/verify steps at B >= 64 time 16 tokens:
+    132 s on the fresh node (runs 3, 4, 6: 202-215 s), 113 s again on the same node. The closed loop meets the
+    median target on either calibration, with every interval covering and the one sign miss at break-even."""
+    for run, limit in ((RUN7, 140), (RUN7B, 120)):
+        info = json.loads((run / "calibration-run.json").read_text())
+        assert info["status"] == "succeeded" and info["wall_s"] <= limit and info["split_s"]["probes"] < 45
+        assert info["environment"]["gpu_name"] == "NVIDIA H200" and info["environment"]["vllm_version"] == "0.24.0"
+        big = [r["values"] for r in gcl.calibration_records(run)
+               if r["probe"] == "step_time" and r["values"]["kind"] == "step" and r["values"]["batch_size"] >= 64]
+        assert big and all(v["steps"] == 16 for v in big)  # 17 tokens: 16 decode steps per request
+    for name, calibration in (("closed-loop-result.json", None), ("closed-loop-result-second-calibration.json", RUN7B)):
+        out = tmp_path / name
+        gcl.analyze(RUN7, out, calibration)
+        got = json.loads(out.read_text())
+        assert _same(got["summary"], json.loads((RUN7 / name).read_text())["summary"])
+        s = got["summary"]
+        assert s["median_abs_error"] <= 0.10 and s["sign_right"] == 35 and s["interval_coverage"] == 1.0
+        miss = [p for p in got["points"] if (p["measured"] > 1) != (p["predicted"] > 1)]
+        assert [(p["engine"], p["batch_size"]) for p in miss] == [("ngram-k3-a0.8", 128)]
+        assert abs(miss[0]["measured"] - 1) < 0.05 and abs(miss[0]["predicted"] - 1) < 0.05  # at break-even
+    capsys.readouterr()
 
 
 def test_draft_model_cycle_follows_the_host_cpu():
@@ -234,7 +293,7 @@ def test_run6_fresh_node_guarded_probes_and_draft_model_reproducibility(tmp_path
     gcl.analyze(run6, out)
     got = json.loads(out.read_text())
     capsys.readouterr()
-    assert got["summary"] == json.loads((run6 / "closed-loop-result.json").read_text())["summary"]
+    assert _same(got["summary"], json.loads((run6 / "closed-loop-result.json").read_text())["summary"])
     assert got["summary"]["points"] == 12 and got["summary"]["sign_right"] == 12
     measured: dict[tuple, list[float]] = {}
     for run in (RUN3, RUN4, RUN5, run6):
@@ -262,9 +321,8 @@ def test_repeat_spread_carried_into_the_interval_covers_every_stored_closed_loop
 def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     """Why the fit keeps the proposer's spread symmetric (``repeat_spread_floors(split=False)``): a 0.24 draft-model
     cycle's floor and slow tail show across leases (B = 1 medians 22-50 ms), but within one calibration its repeats
-    spread about as far below their median as above it -- pooled over the eight stored H200 calibrations 20.2 % vs
-    21.7 %
-    -- and on the shipped profile's calibration further below (25.4 % vs 22.3 %: the T = 0.8 point repeated at
+    spread about as far below their median as above it -- pooled over the ten stored H200 calibrations 19.5 % vs
+    21.3 % -- and on the shipped profile's calibration further below (25.4 % vs 22.3 %: the T = 0.8 point repeated at
     34.6-71.2 ms), so a two-piece σ would not narrow the profile's fast side."""
     from calibration import fit
 
@@ -274,7 +332,7 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
         records = gcl.calibration_records(run)
         path, models = gcl.fit_models(records, draft)
         cycles[run.name] = [p for p in fit.step_points(records, target, path, models) if p.drafter_forwards]
-    assert len(cycles) == 8
+    assert len(cycles) == 10
     below, above = fit.repeat_semi_log_stds([p for c in cycles.values() for p in c])
     assert below == pytest.approx(above, rel=0.1) and 0.15 < above < 0.25
     below, above = fit.repeat_semi_log_stds(cycles[RUN.name])

