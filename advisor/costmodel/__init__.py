@@ -11,7 +11,7 @@ from .checks import check_draft
 from .decision import GO_THRESHOLD, decide
 from .memory import kv_bytes_per_token, memory_report, weights_bytes
 from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch, dynamic_table,
-                      matching_profile, predict, speedup_point)
+                      finite_json, matching_profile, predict, speedup_point)
 from .priors import prior_acceptance
 from .steptime import default_prefill_params, default_step_time_params, step_time_s
 from .types import (COST_MODEL_VERSION, ENGINES, METHODS, MODEL_KINDS, STRUCTURES, WEIGHTS_DTYPES,
@@ -26,6 +26,7 @@ __all__ = [
     "Prediction", "PrefillParams", "STRUCTURES", "Scenario", "Slo", "Speculator", "StepTimeParams", "TcoLoad",
     "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",
     "decide", "default_prefill_params", "default_step_time_params", "dynamic_table", "expected_tokens_iid",
+    "finite_json",
     "kv_bytes_per_token", "memory_report", "per_position_rates", "predict", "prior_acceptance", "speedup_point",
     "step_time_s",
     "walltime_improvement_iid", "weights_bytes",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Sequence
@@ -276,48 +277,43 @@ def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return z_acc, z_step, z_over, z_time
 
 
-def _step_samples(params: StepTimeParams, samples: int) -> StepSamples:
-    """StepSamples.sample(params, samples, <the seeded rng after the acceptance draws>), cached per parameter set
-    (catalog defaults are shared by every scenario on a GPU class and engine)."""
-    cov = tuple(tuple(float(x) for x in row) for row in params.covariance) if params.covariance else None
-    return _cached_step_samples(params.bandwidth_efficiency, params.compute_efficiency, params.fixed_overhead_s,
-                                cov, samples)
-
-
-@lru_cache(maxsize=64)
-def _cached_step_samples(eta_bw: float, eta_f: float, fixed_s: float, cov: tuple | None, samples: int) -> StepSamples:
-    params = StepTimeParams(eta_bw, eta_f, fixed_s, [list(row) for row in cov] if cov else None)
-    step = StepSamples.from_normals(params, _mc_normals(samples)[1])
-    for a in (step.eta_bw, step.eta_f, step.fixed_s):
-        a.flags.writeable = False
-    return step
-
-
-_MC_STEPS: dict[tuple, StepSamples] = {}
+_STEP_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(StepTimeParams)))
 
 
 def _params_key(params: StepTimeParams) -> tuple:
     """Every field of ``params``, hashable (the covariance as nested tuples)."""
-    return tuple(tuple(map(tuple, value)) if isinstance(value, list) else value
-                 for value in (getattr(params, f.name) for f in dataclasses.fields(params)))
+    key = _STEP_FIELDS(params)
+    if params.covariance is None:
+        return key
+    return tuple(tuple(map(tuple, value)) if isinstance(value, list) else value for value in key)
+
+
+def _params_from_key(key: tuple) -> StepTimeParams:
+    """:func:`_params_key` undone (the covariance as nested lists again)."""
+    return StepTimeParams(*(list(map(list, value)) if isinstance(value, tuple) else value for value in key))
+
+
+def _read_only(step: StepSamples) -> StepSamples:
+    """``step`` with its arrays made read-only (it is shared through a cache)."""
+    for value in vars(step).values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return step
 
 
 def _mc_step_samples(target: StepTimeParams, draft: StepTimeParams, samples: int) -> StepSamples:
     """The Monte Carlo step-time draws (efficiencies, fixed, verify / proposer / per-sequence overheads, eager
     drafter, timing spread): a pure function of the two parameter sets and the seed, cached per distinct pair
     (catalog defaults are shared by every scenario on a GPU class, engine and method)."""
-    key = (_params_key(target), _params_key(draft), samples)
-    step = _MC_STEPS.get(key)
-    if step is None:
-        _, _, z_over, z_time = _mc_normals(samples)
-        step = _step_samples(target, samples).with_overheads(target, draft, z_over).with_timing_spread(target, z_time)
-        for value in vars(step).values():
-            if isinstance(value, np.ndarray):
-                value.flags.writeable = False
-        if len(_MC_STEPS) >= 256:
-            _MC_STEPS.clear()
-        _MC_STEPS[key] = step
-    return step
+    return _cached_mc_step_samples(_params_key(target), _params_key(draft), samples)
+
+
+@lru_cache(maxsize=256)
+def _cached_mc_step_samples(target_key: tuple, draft_key: tuple, samples: int) -> StepSamples:
+    target, draft = _params_from_key(target_key), _params_from_key(draft_key)
+    _, z_step, z_over, z_time = _mc_normals(samples)
+    step = StepSamples.from_normals(target, z_step).with_overheads(target, draft, z_over)
+    return _read_only(step.with_timing_spread(target, z_time))
 
 
 def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarray, samples: int,
@@ -367,11 +363,21 @@ def _littles_law(batch: np.ndarray, latency_s: np.ndarray, rps: float, cap: floa
 def percentiles(x: np.ndarray, q: tuple[float, ...]) -> np.ndarray:
     """Linear-interpolated percentiles along axis 0 (numpy's default method, without its overhead)."""
     s = np.sort(x, axis=0)
-    pos = np.asarray(q, dtype=float) / 100.0 * (s.shape[0] - 1)
+    lo, hi, w_lo, w_hi = _percentile_weights(tuple(q), s.shape[0], s.ndim)
+    return s[lo] * w_lo + s[hi] * w_hi
+
+
+@lru_cache(maxsize=16)
+def _percentile_weights(q: tuple[float, ...], n: int, ndim: int) -> tuple[np.ndarray, ...]:
+    """The rows either side of each percentile of ``n`` sorted values and their weights (read-only)."""
+    pos = np.asarray(q, dtype=float) / 100.0 * (n - 1)
     lo = np.floor(pos).astype(int)
-    hi = np.minimum(lo + 1, s.shape[0] - 1)
-    w = (pos - lo).reshape((-1,) + (1,) * (s.ndim - 1))
-    return s[lo] * (1 - w) + s[hi] * w
+    hi = np.minimum(lo + 1, n - 1)
+    w = (pos - lo).reshape((-1,) + (1,) * (ndim - 1))
+    out = (lo, hi, 1 - w, w)
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _break_even(batch: Sequence[float], speedup: Sequence[float]) -> float | None:
@@ -460,8 +466,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     # the curve's concurrencies.
     mc = queued(_grid(ctx, setup, ctx.acceptance, batch, samples, k), res_b, res_s)
     curve_idx = [int(i) for i in np.searchsorted(batch, CURVE_CONCURRENCY)]
-    lb, ls = mc.latency_base_s[:, :, 0], mc.latency_spec_s[:, :, 0]
-    mc_sp = np.concatenate([(lb[:, ib] / ls[:, isp])[:, None], lb[:, curve_idx] / ls[:, curve_idx]], axis=1)
+    mc_sp = mc.latency_base_s[:, [ib, *curve_idx], 0] / mc.latency_spec_s[:, [isp, *curve_idx], 0]
     pct = percentiles(mc_sp, INTERVAL)  # (2, 1 + len(curve))
     x0 = float(mc_sp[0, 0])
     expected, low, high = x0, min(float(pct[0, 0]), x0), max(float(pct[1, 0]), x0)  # point, and the interval widened to contain it
@@ -494,8 +499,8 @@ def _prediction(answer: dict[str, Any]) -> Prediction:
     return Prediction(answer, finite_json(answer))
 
 
-# json.dumps(answer, allow_nan=False), without building an encoder per call or tracking containers (an answer is a
-# tree the cost model built, never circular)
+# json.dumps(answer, allow_nan=False), without building an encoder per call or tracking containers (an answer, like
+# the service's list entry that also goes through finite_json, is a tree built fresh, never circular)
 _STRICT_JSON = json.JSONEncoder(allow_nan=False, check_circular=False)
 
 
@@ -802,7 +807,8 @@ def _compared(ctx: Context) -> tuple[Compared, ...]:
 def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
                      compared: tuple[Compared, ...]) -> list[dict[str, Any]]:
     """The scenario's method (grid row 0) against the compared methods (rows 1..), at the workload's concurrency."""
-    sp_all = (grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]).tolist()  # (1 + M, K)
+    sp = grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]  # (1 + M, K)
+    sp_all, best_all = sp.tolist(), (np.argmax(sp, axis=1) + 1).tolist()
     al_all = grid.al[:, 0, :].tolist()
     candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source)]
     for c in compared:
@@ -810,10 +816,9 @@ def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
                            if c.drafter is not None else "none",
                            c.acceptance.source.split(";")[0]))
     rows = []
-    for (m, d, src, acc_source), sp, al in zip(candidates, sp_all, al_all):
-        best = int(np.argmax(sp)) + 1
+    for (m, d, src, acc_source), row, best, al in zip(candidates, sp_all, best_all, al_all):
         rows.append({"method": m, "drafter": d.name if d is not None else None, "drafter_source": src,
-                     "num_speculative_tokens": best, "expected_speedup": sp[best - 1],
+                     "num_speculative_tokens": best, "expected_speedup": row[best - 1],
                      "mean_acceptance_length": al[best - 1], "acceptance_source": acc_source})
     rows.sort(key=lambda r: -r["expected_speedup"])
     return rows
@@ -831,8 +836,10 @@ def _provenance(ctx: Context, answer: dict[str, Any], acc_source: str, conc_sour
     def put(path: str, value: Any, source: str) -> None:
         if isinstance(value, dict):
             for key, v in value.items():
-                if isinstance(v, (dict, list)):
+                if isinstance(v, dict):
                     put(f"{path}.{key}", v, source)
+                elif isinstance(v, list) and v and isinstance(v[0], dict):
+                    put(f"{path}.{key}[*]", v[0], source)
                 else:  # a leaf (inlined: most values are)
                     prov[f"{path}.{key}"] = source
         elif isinstance(value, list) and value and isinstance(value[0], dict):

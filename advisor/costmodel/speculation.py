@@ -169,7 +169,9 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
         one = forward_time_s(setup.draft, ds, batch, setup.tree_width, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
         eager = samples.eager_drafter * ds.eager_layer_overhead_s * setup.draft.num_layers
         per_forward = ds.proposer_overhead_s * samples.proposer_scale + eager + one
-        total = ks * per_forward + draft_sampling_s(ds, ks * batch * setup.tree_width, setup.temperature)
+        total = ks * per_forward
+        if ds.draft_sampling_s_per_token:  # (0 by default: the term is 0.0 everywhere, and t + 0.0 == t)
+            total = total + draft_sampling_s(ds, ks * batch * setup.tree_width, setup.temperature)
         if setup.method == "draft_model":
             # catch-up: the cycle's first draft-model forward runs over every token the target just verified plus
             # the sampled one, k·w + 2 per sequence, not 1 (vLLM DraftModelProposer: llm_base_proposer.propose /
@@ -183,6 +185,11 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
         return ds.proposer_overhead_s * samples.proposer_scale + heads + 0.0 * ks
     per_seq = COPY_PROPOSER_S_PER_SEQ.get(setup.method, 0.0)
     return batch * per_seq + 0.0 * ks * draft_fraction
+
+
+def _scaled(x, scale):
+    """x · scale; a scale of exactly 1.0 (no spread drawn) leaves x as it is, which is what the product gives."""
+    return x if isinstance(scale, float) and scale == 1.0 else x * scale
 
 
 def _rows(x, rows: int) -> np.ndarray:
@@ -229,13 +236,14 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
     else:
         if len(drafters) != rows:
             raise ValueError("one drafter setup per row of per_position")
-        width = np.array([d.tree_width for d in drafters]).reshape(-1, 1, 1)
+        widths = {d.tree_width for d in drafters}  # one width for every row (chains): a scalar broadcasts the same
+        width = widths.pop() if len(widths) == 1 else np.array([d.tree_width for d in drafters]).reshape(-1, 1, 1)
     # One target forward pass over q = 1 (decode) and q = 1 + f·k·w (verify, per k): shape (rows, nB, 1 + nK).
     q = np.empty((rows, 1, 1 + nk))
     q[:, :, 0] = 1.0
     np.add(1.0, f * k * width, out=q[:, :, 1:])
     fwd = forward_time_s(setup.target, ts, b, q, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
-    step_base = (samples.fixed_s + fwd[:, :, :1]) * samples.base_scale
+    step_base = _scaled(samples.fixed_s + fwd[:, :, :1], samples.base_scale)
     # Prefill: own TTFT, plus the others' prompts interleaved into this request's decode (compute only).
     p = setup.prompt_tokens
     prefill_eta_f = setup.target_prefill.compute_efficiency * samples.eta_f / ts.compute_efficiency
@@ -249,10 +257,11 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
         for i, d in enumerate(drafters):  # row assignment broadcasts each row's (1, ·, ·) result
             draft[i] = drafter_time_s(d, b, k, ctx, samples, f[i:i + 1])[0]
             ttft_spec[i], inter_spec[i] = _spec_prefill(d, ttft_base, inter_base, b, samples)
-    verify = (ts.verify_overhead_s * samples.verify_scale + fwd[:, :, 1:]  # + sampling at T > 0: per sequence and
-              + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature))  # per draft position
-    cycle = (samples.fixed_s + verify + draft + b * ts.per_sequence_overhead_s * samples.sequence_scale) \
-        * samples.cycle_scale
+    verify = ts.verify_overhead_s * samples.verify_scale + fwd[:, :, 1:]
+    if ts.rejection_sampling_s_per_seq or ts.rejection_sampling_s_per_draft:  # + sampling at T > 0: per sequence
+        verify = verify + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature)  # and per draft position
+    cycle = _scaled(samples.fixed_s + verify + draft + _scaled(b * ts.per_sequence_overhead_s, samples.sequence_scale),
+                    samples.cycle_scale)
     tpot_base = step_base
     tpot_spec = cycle / tokens
 

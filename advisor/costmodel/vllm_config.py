@@ -8,6 +8,7 @@ from typing import Any
 from .types import ModelSpec
 
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}  # design.md §6
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps(…, separators=(",", ":")), built once
 
 
 def repo_of(model: ModelSpec | None) -> str | None:
@@ -33,7 +34,7 @@ def speculative_config(method: str, k: int, draft: ModelSpec | None,
 def serve_flags(target: ModelSpec, config: dict[str, Any], gpu_count: int, gpu_memory_utilization: float,
                 weights_dtype: str) -> str:
     parts = ["vllm", "serve", repo_of(target) or target.name,
-             "--speculative-config", json.dumps(config, separators=(",", ":")),
+             "--speculative-config", _COMPACT_JSON.encode(config),
              "--tensor-parallel-size", str(gpu_count),
              "--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     if weights_dtype == "fp8":

@@ -39,10 +39,8 @@ def scenario_from_dict(data: dict[str, Any]) -> costmodel.Scenario:
     )
 
 
-# json.dumps(data, sort_keys=True, default=str) and json.dumps(data, allow_nan=False), with their encoder built
-# once rather than at each call
+# json.dumps(data, sort_keys=True, default=str), with its encoder built once rather than at each call
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
-_STRICT_JSON = json.JSONEncoder(allow_nan=False)
 
 
 class Answer(NamedTuple):
@@ -300,7 +298,7 @@ def summary_text(values: dict[str, Any]) -> str:
         if value is not None:
             value = value.isoformat() if column == "created_at" else kind(value)
         out[name] = value
-    return _STRICT_JSON.encode(out)
+    return costmodel.finite_json(out)
 
 
 _FILTERS = {"gpu": "==", "target_model": "==", "method": "==", "decision": "==",

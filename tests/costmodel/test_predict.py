@@ -1,12 +1,16 @@
 """predict(): the answer's shape, provenance, determinism and the behaviours design.md §1 asks for."""
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import re
 
+import numpy as np
 import pytest
 
 from advisor import costmodel as cm
+from advisor.costmodel.speculation import StepSamples
 
 ALLOWED_PROVENANCE = re.compile(r"^(input|default|catalog:.+|calibration:\d+|prior:.+)$")
 
@@ -233,3 +237,24 @@ def test_tensor_parallel_70b(gpus, models, make_scenario):
     d = _predict(gpus, models, sc).to_dict()
     assert d["memory"]["fits"] and "--tensor-parallel-size 4" in d["vllm"]["serve_flags"]
     assert d["speedup"]["expected"] > 1.2
+
+
+def test_monte_carlo_step_draws_are_cached_by_parameter_values():
+    """Equal parameter sets (other objects, the covariance in new lists) share one cached, read-only set of draws,
+    equal to the seeded draws made afresh; another covariance gets its own."""
+    predict = importlib.import_module("advisor.costmodel.predict")
+    target = cm.StepTimeParams(0.7, 0.4, 5e-4, covariance=[[1e-4, 0, 0], [0, 1e-4, 0], [0, 0, 1e-8]],
+                               timing_rms_rel=0.05, verify_overhead_log_std=0.2, per_sequence_overhead_log_std=0.1)
+    draft = cm.StepTimeParams(0.6, 0.3, 2e-4, proposer_overhead_log_std=0.3, proposer_overhead_log_std_low=0.1,
+                              eager_probability=0.5)
+    cached = predict._mc_step_samples(target, draft, 96)
+    again = dataclasses.replace(target, covariance=[list(row) for row in target.covariance])
+    assert predict._mc_step_samples(again, dataclasses.replace(draft), 96) is cached
+    _, z_step, z_over, z_time = predict._mc_normals(96)
+    fresh = StepSamples.from_normals(target, z_step).with_overheads(target, draft, z_over) \
+        .with_timing_spread(target, z_time)
+    for name, value in vars(fresh).items():
+        assert np.array_equal(getattr(cached, name), value), name
+        assert isinstance(value, float) or not getattr(cached, name).flags.writeable, name
+    other = dataclasses.replace(target, covariance=[[4e-4, 0, 0], [0, 1e-4, 0], [0, 0, 1e-8]])
+    assert not np.array_equal(predict._mc_step_samples(other, draft, 96).eta_bw, cached.eta_bw)
