@@ -323,23 +323,35 @@ def calibration_records(workdir: Path) -> list[dict]:
     return [r for r in records if r["params"]["engine"]["label"] not in redone] + redo
 
 
-# vLLM 0.24 runs EAGLE-type drafters on Model Runner V2 with async scheduling, and a separate draft model, n-gram and
-# the verify probes' free proposer (custom_class) on the V1 runner without it (the engines' start-up log:
-# benchmarks/data/h200-vllm0.24-eagle/calibrate.err.gz), so a step costs a different host time on each path
-ASYNC_PATH_METHODS = ("eagle", "eagle3")
+# vLLM 0.24's scheduler setting per speculative method, as its start-up log states it (the EAGLE run's
+# calibrate.err.gz: "Using V2 Model Runner" and "Asynchronous scheduling is enabled" for the plain and the EAGLE
+# engine; "using the V1 model runner" with it disabled for custom_class and ngram, and for a draft model
+# (shared/gpu/README.md)): for records taken before the memory probe kept ``async_scheduling``
+ASYNC_SCHEDULING_0_24 = {None: True, "eagle": True, "eagle3": True, "draft_model": False, "ngram": False,
+                         "custom_class": False}
+
+
+def with_engine_paths(records: list[dict]) -> list[dict]:
+    """``records`` with each memory record's ``async_scheduling``, from vLLM 0.24's behaviour where not recorded."""
+    out = []
+    for r in records:
+        if r["probe"] == "memory" and r["values"].get("async_scheduling") is None:
+            method = (r["params"]["engine"].get("speculative_config") or {}).get("method")
+            r = {**r, "values": {**r["values"], "async_scheduling": ASYNC_SCHEDULING_0_24.get(method)}}
+        out.append(r)
+    return out
 
 
 def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int = 0):
     """Fit the GPU run (``calibration.fit.fit_run``): one set of step-time parameters for the target and its
     drafter's forwards (target decode, verify widths, speculative steps without drafts, whole draft-model and
-    n-gram cycles), and the prefill fit; keyed by what was measured (bf16, TP 1, CUDA graphs). A drafter that runs
-    on another engine path (``ASYNC_PATH_METHODS``) is fitted with the target's plain steps and prefill only."""
+    n-gram cycles), and the prefill fit; keyed by what was measured (bf16, TP 1, CUDA graphs). A drafter whose
+    engine ran another path than the verify probes (an EAGLE head, with async scheduling) gets a fit of its own
+    engine's probes and the target's plain steps (``calibration.fit.engine_path_records``)."""
     from advisor.costmodel import Calibration
     from calibration.fit import fit_run
 
-    if drafter_method(draft.name) in ASYNC_PATH_METHODS:
-        records = [r for r in records if r["params"]["engine"]["label"] == "target"
-                   or (r["params"]["engine"].get("speculative_config") or {}).get("method") in ASYNC_PATH_METHODS]
+    records = with_engine_paths(records)
     target_path, models = fit_models(records, draft)
     results: dict = {}
     fits = fit_run(records, gpu, target, draft, drafter_method(draft.name), draft.name, target_path=target_path,
@@ -461,11 +473,11 @@ def write_profile(workdir: Path, vllm_version: str = "0.24") -> dict:
             "name": name, "gpu": gpu.name, "vllm_version": vllm_version,
             "step_time": cal.step_time[target.name].to_dict(), "prefill": cal.prefill[target.name].to_dict(),
             "max_batch_measured": cal.max_batch_calibrated, "behaviour": list(PROFILE_BEHAVIOUR), "source": source,
-            "drafters": {**(old or {}).get("drafters", {}), drafter: cal.step_time[drafter].to_dict()},
         }
     else:
-        profile = {**old, "drafters": {**old.get("drafters", {}), drafter: cal.step_time[drafter].to_dict()}}
-        profile["source"] = old["source"] + f"; {drafter}'s cycles: {source}"
+        profile = dict(old)
+    profile["drafters"] = {**(old or {}).get("drafters", {}), drafter: cal.step_time[drafter].to_dict()}
+    profile["drafter_sources"] = {**(old or {}).get("drafter_sources", {}), drafter: source}
     data["items"] = [p for p in data["items"] if p["name"] != name] + [profile]
     PROFILES_FILE.write_text(json.dumps(data, indent=1) + "\n")
     return profile

@@ -695,8 +695,14 @@ def fit_run(records: Iterable[Any], gpu: GpuSpec, target: ModelSpec, draft: Mode
             results[f"step_time:{target.name}"] = step_fit
         if draft is not None and draft.name != target.name and any(
                 p["kind"] == "cycle" and p["method"] not in COPY_DRAFTERS for p in step_fit.points):
-            # the drafter's forwards were timed inside whole cycles: the joint fit is the drafter's too
-            fits.append(_fit_record("step_time", draft.name, step_fit))
+            # the drafter's forwards were timed inside whole cycles: the joint fit is the drafter's too, unless its
+            # engine ran another path than the other speculative engines (then a fit of its own engine's records)
+            own = engine_path_records(records, method)
+            drafter_fit = step_fit if own is None else fit_step_time(own, gpu, target, weights_dtype, model_path=path,
+                                                                     models=models)
+            fits.append(_fit_record("step_time", draft.name, drafter_fit))
+            if results is not None and own is not None:
+                results[f"step_time:{draft.name}"] = drafter_fit
     if len(_records(records, "prefill", path)) >= 2:
         step_params = step_fit.params if step_fit else default_step_time_params(gpu)
         pre = fit_prefill(records, gpu, target, step_params, weights_dtype, model_path=path)
@@ -713,6 +719,25 @@ def fit_run(records: Iterable[Any], gpu: GpuSpec, target: ModelSpec, draft: Mode
         if results is not None:
             results[f"acceptance:{key}"] = acc
     return fits
+
+
+def engine_path_records(records: Sequence[Record], method: str) -> list[Record] | None:
+    """The records of the ``method`` drafter's own engine path: plain engines (the target's decode steps and
+    prefill) and the speculative engines whose ``async_scheduling`` (the memory probe's) equals the drafter engine's.
+    None when every speculative engine ran the same path, or the flags were not recorded: the joint fit applies.
+    vLLM 0.24 runs an EAGLE head with async scheduling, the verify probes' custom proposer, n-gram and a separate
+    draft model without; fitted with them an EAGLE closed loop came out 16 % low, on its own path 6 %
+    (docs/gpu-closed-loop.md)."""
+    flags = {r.engine.get("label"): r.values.get("async_scheduling") for r in records if r.probe == "memory"}
+    spec = {r.engine.get("label"): (r.engine.get("speculative_config") or {}).get("method") for r in records}
+    mine = {flags.get(label) for label, m in spec.items() if m == method}
+    if len(mine) != 1 or None in mine:
+        return None
+    path = mine.pop()
+    other = {label for label, m in spec.items() if m is not None and flags.get(label) not in (None, path)}
+    if not other:
+        return None
+    return [r for r in records if r.engine.get("label") not in other]
 
 
 def _fit_record(kind: str, key: str, fit: FitResult) -> dict[str, Any]:

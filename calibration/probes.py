@@ -95,6 +95,10 @@ class MemoryMeasurement:
     has_drafter: bool
     engine: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
+    # vLLM's resolved scheduler setting: with it off the host's work between steps is not hidden, so engines on
+    # different paths cost a step differently (vLLM 0.24: an EAGLE head on, a draft model, n-gram and the verify
+    # probes' custom proposer off); calibration.fit.engine_path_records splits the drafter's fit by it
+    async_scheduling: bool | None = None
 
 
 @dataclass
@@ -727,10 +731,12 @@ def _repeat(measure, cfg: ProbeConfig, label: str) -> tuple[list[Any], float | N
 
 def measure_memory(llm, label: str, startup_s: float, has_drafter: bool, engine: dict, env: dict) -> MemoryMeasurement:
     cap = kv_capacity(llm)
+    config = llm.llm_engine.vllm_config
+    flag = getattr(getattr(config, "scheduler_config", None), "async_scheduling", None)
     return MemoryMeasurement(
         probe="memory", label=label, startup_s=round(startup_s, 3), has_drafter=has_drafter,
-        max_model_len=llm.llm_engine.vllm_config.model_config.max_model_len,
-        engine=engine, environment=env, **cap,
+        max_model_len=config.model_config.max_model_len, engine=engine, environment=env,
+        async_scheduling=None if flag is None else bool(flag), **cap,
     )
 
 

@@ -226,9 +226,12 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration, profile)
     d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
     timed = profile.drafter_step(draft.name) if step_source.startswith("profile") and draft is not None else None
-    if timed is not None:  # the profile timed this drafter's engine: its target steps and the drafter's forwards
-        t_step = d_step = timed
-        d_pre, d_source = t_pre, step_source
+    if timed is not None:  # the profile timed this drafter's engine
+        d_step, d_pre, d_source = timed, t_pre, step_source
+    if draft is not None and d_source != "default":
+        # a drafter's fit is its engine's: the target's steps and the drafter's forwards fitted together on the
+        # path vLLM ran them (calibration.fit.engine_path_records); the joint fit of a run when it is the same
+        t_step = d_step
     elif d_source == "default":  # the drafter's per-forward overhead is a wide prior until measured
         d_step = _default_drafter_step(gpu, s.engine, method)
         if draft is not None and step_source.startswith("profile"):

@@ -435,3 +435,27 @@ def test_split_repeat_spread_on_skewed_repeats(cpu, smollm):
     assert symmetric.proposer_overhead_log_std_low is None
     assert symmetric.proposer_overhead_log_std == pytest.approx(
         fit.repeat_log_std(cycles) / _proposer_share(cpu, symmetric, cycles), rel=1e-9)
+
+
+def test_a_drafter_on_another_engine_path_is_fitted_on_its_own_engine():
+    """vLLM 0.24 runs an EAGLE head with async scheduling and the verify probes' custom proposer and n-gram without
+    it: the EAGLE drafter's records are its engine's and the plain target's. One path for every speculative engine,
+    or flags not recorded (runs before the memory probe kept them): the joint fit (None)."""
+    def memory(label: str, method: str | None, flag: bool | None) -> fit.Record:
+        spec = {"method": method} if method else None
+        return fit.Record("memory", {"label": label, "speculative_config": spec}, {"async_scheduling": flag})
+
+    def step(label: str, method: str | None) -> fit.Record:
+        return fit.Record("step_time", {"label": label, "speculative_config": {"method": method} if method else None},
+                          {"step_s": 0.01})
+
+    engines = [("target", None, True), ("verify-k5", "custom_class", False), ("ngram-k3", "ngram", False),
+               ("eagle-k3", "eagle", True)]
+    records = [memory(*e) for e in engines] + [step(label, method) for label, method, _ in engines]
+    own = fit.engine_path_records(records, "eagle")
+    assert sorted({r.engine["label"] for r in own}) == ["eagle-k3", "target"] and len(own) == 4
+    draft_model = [memory("target", None, True), memory("verify-k5", "custom_class", False),
+                   memory("draft_model-k3", "draft_model", False)]
+    assert fit.engine_path_records(draft_model, "draft_model") is None  # one path: the verify probes are its own
+    unrecorded = [memory(label, method, None) for label, method, _ in engines]
+    assert fit.engine_path_records(unrecorded, "eagle") is None

@@ -345,3 +345,21 @@ def test_guarded_redoes_a_timing_that_other_processes_disturbed(monkeypatch):
 
     result, _ = contention.guarded(measure, "test", attempts=2)
     assert len(calls) == 2 and result == 2  # redone, and the undisturbed attempt kept
+
+
+def test_memory_probe_records_how_vllm_schedules_the_engine():
+    """Each engine's resolved async-scheduling flag (vLLM's scheduler_config) goes with its memory record: the fit
+    splits a drafter's engine path by it (calibration.fit.engine_path_records)."""
+    from types import SimpleNamespace
+
+    def llm(flag):
+        cache = SimpleNamespace(num_gpu_blocks=10, block_size=16)
+        config = SimpleNamespace(cache_config=cache, model_config=SimpleNamespace(max_model_len=512),
+                                 scheduler_config=SimpleNamespace(async_scheduling=flag))
+        return SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config))
+
+    assert probes.measure_memory(llm(True), "eagle-k3", 1.0, True, {}, {}).async_scheduling is True
+    assert probes.measure_memory(llm(False), "verify-k5", 1.0, True, {}, {}).async_scheduling is False
+    old = llm(None)
+    del old.llm_engine.vllm_config.scheduler_config
+    assert probes.measure_memory(old, "target", 1.0, False, {}, {}).async_scheduling is None
