@@ -276,6 +276,33 @@ def test_run5_calibrates_within_180_s_on_a_used_node_and_meets_the_targets(tmp_p
     assert json.loads((RUN5 / "closed-loop-result-second-calibration.json").read_text())["summary"]["sign_right"] == 36
 
 
+def test_second_eagle_lease_splits_the_engine_path_from_its_own_records(tmp_path, capsys):
+    """The second EAGLE lease recorded each engine's async_scheduling in its memory probe: the product's fit split
+    the EAGLE engine's path without the benchmark's fill-in; its closed loop and the first lease's calibration both
+    come within 10 % with every sign right, and the two leases measured the same speedups within 3 %."""
+    from calibration import fit
+
+    run2 = RUN.parent / "h200-vllm0.24-eagle2"
+    records = gcl.calibration_records(run2)
+    flags = {r["params"]["engine"]["label"].split("-")[0]: r["values"]["async_scheduling"]
+             for r in records if r["probe"] == "memory"}
+    assert flags == {"target": True, "verify": False, "eagle": True, "ngram": False}
+    own = fit.engine_path_records([fit.normalize(r) for r in records], "eagle")
+    assert {r.engine["label"].split("-")[0] for r in own} == {"target", "eagle"}
+    for name, calibration in (("closed-loop-result.json", None),
+                              ("closed-loop-result-first-eagle-calibration.json", RUN_EAGLE)):
+        out = tmp_path / name
+        gcl.analyze(run2, out, calibration)
+        got = json.loads(out.read_text())
+        assert _same(got["summary"], json.loads((run2 / name).read_text())["summary"])
+        assert got["summary"]["median_abs_error"] <= 0.10 and got["summary"]["sign_right"] == 12
+    capsys.readouterr()
+    first = {(p["engine"], p["batch_size"]): p["measured"]
+             for p in json.loads((RUN_EAGLE / "closed-loop-result.json").read_text())["points"]}
+    for p in json.loads((run2 / "closed-loop-result.json").read_text())["points"]:
+        assert p["measured"] == pytest.approx(first[(p["engine"], p["batch_size"])], rel=0.03)
+
+
 RUN7, RUN7B = RUN.parent / "h200-vllm0.24-run7", RUN.parent / "h200-vllm0.24-run7-second"
 
 
