@@ -82,6 +82,10 @@ class PlanRequestSchema(StrictSchema):
                                         metadata={"description": "Default: the smallest that fits and two doublings "
                                                                  "(up to 8)."})
     hours_per_month = fields.Float(load_default=730.0, validate=_positive(744.0))
+    vllm_version = fields.String(allow_none=True, validate=validate.Regexp(r"^\d{1,3}\.\d{1,3}(\.\d{1,4})?$"),
+                                 metadata={"description": "The vLLM you serve with, e.g. 0.24: a GPU without a "
+                                                          "calibration of the target is timed by that version's "
+                                                          "measured engine profile when one ships (sources.step_time)."})
     gpu_memory_utilization = fields.Float(load_default=0.92, validate=validate.Range(min=0.05, max=1.0))
     max_num_seqs = fields.Integer(load_default=256, strict=True, validate=validate.Range(min=1, max=4096))
     max_num_batched_tokens = fields.Integer(load_default=8192, strict=True,

@@ -25,7 +25,7 @@ import numpy as np
 from .acceptance import draft_fraction_at, per_position_rates
 from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, memory_report
 from .simulate import EngineLimits, SimResult, SpecDecode, StepModel, Traffic, _StepClock, kv_capacity_tokens, simulate
-from .steptime import forward_cost
+from .steptime import default_step_time_params, forward_cost
 from .types import AcceptanceModel, CostModelError, GpuSpec, ModelSpec, PrefillParams, StepTimeParams
 
 TP_SIZES = (1, 2, 4, 8)
@@ -62,7 +62,21 @@ class GpuOffer:
     price_source: str  # "input" | "catalog:<gpu> (<date>)"
     step: StepTimeParams
     prefill: PrefillParams
-    timing_source: str  # "default" | "calibration:<run id>"
+    timing_source: str  # "default" | "calibration:<run id>" | "profile:<name>"
+    # a measured profile's per-drafter fits (MeasuredEngineProfile.drafters): a drafter's engine is priced by its own
+    drafter_steps: tuple[tuple[str, StepTimeParams], ...] = ()
+
+    def speculative_steps(self, drafter: ModelSpec | None) -> tuple[StepTimeParams, StepTimeParams]:
+        """(target, drafter) step-time parameters of this GPU's engine speculating with ``drafter``, as
+        ``predict`` takes them: a profile's fit of that drafter's engine for both; on a profile that did not time
+        it, the catalog defaults for the drafter (the profile's main fit carries another drafter's per-forward
+        cost); else the offer's own (calibrated or default) for both."""
+        timed = next((p for name, p in self.drafter_steps if drafter is not None and name == drafter.name), None)
+        if timed is not None:
+            return timed, timed
+        if drafter is not None and self.timing_source.startswith("profile"):
+            return self.step, default_step_time_params(self.gpu)
+        return self.step, self.step
 
 
 @dataclass(frozen=True)
@@ -293,7 +307,8 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
             reasons.append(f"{_spec_name(cand)}: drafter + KV do not fit")
             continue
         dcost = forward_cost(gpu, cand.draft, "bf16", tp) if cand.draft is not None else None
-        smodel = StepModel(cost, offer.step, offer.prefill, dcost, offer.step, plan.temperature)
+        target_step, draft_step = offer.speculative_steps(cand.draft)
+        smodel = StepModel(cost, target_step, offer.prefill, dcost, draft_step, plan.temperature)
         slimits = replace(limits, kv_capacity_tokens=kv_capacity_tokens(
             smem.kv_space_gb, smem.kv_bytes_per_token_target, smem.kv_bytes_per_token_draft))
         for k in ([kmax] if kmax else range(1, MAX_K + 1)):

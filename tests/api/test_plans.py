@@ -114,6 +114,26 @@ def test_bad_input_is_a_422_naming_the_field(client, changes, field):
     assert field in response.get_json()["error"]["fields"], response.get_json()
 
 
+def test_a_plan_naming_its_vllm_version_is_timed_by_the_measured_profile(client):
+    """On H200-SXM with vLLM 0.24 a plan prices each GPU by the shipped profile, as a recommendation does: the EAGLE
+    head by its own engine's fit (measured 2.15x at B = 1), so it wins over the 1B draft model (0.75x measured: no
+    CUDA graphs for it on 0.24) and over an EAGLE-3 head the profile did not time (its drafter at the defaults)."""
+    speculators = [{"method": "draft_model", "draft_model": "llama-3.2-1b-instruct"},
+                   {"method": "eagle", "draft_model": "eagle-llama-3.1-8b"},
+                   {"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"}]
+    body = example_plan(gpus=["H200-SXM"], gpu_hour_usd=None, tensor_parallel_sizes=[1], speculators=speculators,
+                        load={"requests_per_second": 10}, slo={"percentile": 90, "ttft_ms": 1000, "tpot_ms": 20})
+    measured = client.post("/v1/plans", json={**body, "vllm_version": "0.24.0"}).get_json()
+    default = client.post("/v1/plans", json=body).get_json()
+    spec = {o["mode"]: o for o in measured["options"]}
+    assert {o["sources"]["step_time"] for o in measured["options"]} == {"profile:H200-SXM × vLLM 0.24"}
+    assert {o["sources"]["step_time"] for o in default["options"]} == {"default"}
+    assert spec["speculative"]["speculator"]["method"] == "eagle"
+    assert spec["speculative"]["speculator"]["decode_gain_at_operating_batch"] > 1.3
+    assert next(o for o in default["options"] if o["mode"] == "speculative")["speculator"]["method"] == "eagle3"
+    assert client.post("/v1/plans", json={**body, "vllm_version": "latest"}).status_code == 422
+
+
 def test_absurd_volumes_are_bounded_with_a_clear_error(client):
     body = example_plan(gpus=["RTX-3060"], gpu_hour_usd=None, tensor_parallel_sizes=[2],
                         load={"requests_per_second": 500000})
