@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -83,13 +84,13 @@ def set_synthetic_rates(worker, conditional: list[float]) -> bool:
     return True
 
 
-def _catalog_names() -> list[str]:
-    return [r["name"] for r in json.loads((DATA_DIR / "models.json").read_text())["items"]]
+@functools.lru_cache(maxsize=1)
+def _catalog_rows() -> tuple[dict, ...]:
+    return tuple(json.loads((DATA_DIR / "models.json").read_text())["items"])
 
 
 def catalog_row(name: str) -> dict:
-    rows = json.loads((DATA_DIR / "models.json").read_text())["items"]
-    return next(r for r in rows if r["name"] == name)
+    return dict(next(r for r in _catalog_rows() if r["name"] == name))
 
 
 def catalog_specs(drafter: str = DRAFT):
@@ -355,8 +356,7 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     target_path, models = fit_models(records, draft)
     results: dict = {}
     fits = fit_run(records, gpu, target, draft, drafter_method(draft.name), draft.name, target_path=target_path,
-                   models=models,
-                   results=results)
+                   models=models, results=results)
     by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
     for f in fits:
         by_kind[f["kind"]][f["key"]] = f["params"]
@@ -514,8 +514,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
     parser.add_argument("--only", default=None, help="calibrate: plan engines whose label starts with one of these; measure: engine labels")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine (calibrate, measure)")
-    parser.add_argument("--drafter", default=DRAFT, choices=sorted(n for n in _catalog_names()
-                                                                   if catalog_row(n)["kind"] in MODEL_DRAFTER_METHODS),
+    parser.add_argument("--drafter", default=DRAFT,
+                        choices=sorted(r["name"] for r in _catalog_rows() if r["kind"] in MODEL_DRAFTER_METHODS),
                         help="calibrate, measure: the model drafter (catalog name; an EAGLE head runs as 'eagle')")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
