@@ -1,9 +1,9 @@
 """The planner's simulation against vLLM's OpenAI server driven by `vllm bench serve`: one short rate (CI).
 
 The full validation (three rates, with and without n-gram speculation, a fresh calibration) is
-`benchmarks/serving.py`; its table is in docs/planner.md. Here: the stored CPU-2core calibration of the test suite,
-the closed-loop serving probe (the front end's cost on the shared cores), one light rate, the server without
-speculation, and the simulation fed with the run's arrivals and lengths.
+`benchmarks/serving.py`; its table is in docs/planner.md. Here: the benchmark's own calibration on this host (the
+product's probes, ~2 min), the closed-loop serving probe (the front end's cost on the shared cores), one light rate,
+the server without speculation, and the simulation fed with the run's arrivals and lengths.
 """
 from __future__ import annotations
 
@@ -15,20 +15,19 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.vllm
 
-# One short run (16 requests; p90 is the second largest) on 2 shared cores, simulated from a calibration stored from
-# another day's host (the CI run does not calibrate: 139 s); the benchmark's target is 15 %. Seen in a clean-clone
-# CI on 2026-12-01: TTFT p50 -27 %, TPOT p50 -19 % (this host's steps slower than the stored calibration's).
+# One short run (16 requests; p90 is the second largest) on 2 shared cores; the benchmark's target is 15 %. It
+# calibrates on this host: simulated from the calibration stored from another day's host, clean-clone CIs on
+# 2026-12-01 missed by TPOT p50 -19 % on one machine and +41 % on another (the hosts' steps differ by that much).
 CI_TOLERANCE = {"ttft_p50": 0.35, "tpot_p50": 0.35, "ttft_p90": 0.5, "tpot_p90": 0.5}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_simulated_percentiles_follow_vllm_bench_serve(smollm2_path, tmp_path):
     from benchmarks import serving
 
     parser = argparse.ArgumentParser()
     serving.add_cli_args(parser)
-    args = parser.parse_args(["--records", str(REPO / "tests/calibration/data/probe_run_smollm2_cpu.jsonl"),
-                              "--model", str(smollm2_path), "--modes", "baseline", "--rates", "1",
+    args = parser.parse_args(["--model", str(smollm2_path), "--modes", "baseline", "--rates", "1",
                               "--num-prompts", "16", "--output-len", "64", "--cpu-lock", "", "--attempts", "1", "--probe-concurrency", "1,16",
                               "--max-wait-quiet", "30", "--workdir", str(tmp_path)])
     result = serving.run(args)
