@@ -245,7 +245,8 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
                    profile if step_source.startswith("profile") else None)
 
 
-def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None) -> CycleSetup:
+def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None,
+           draft_step: StepTimeParams | None = None) -> CycleSetup:
     s = ctx.scenario
     method = method or s.speculator.method
     draft = ctx.draft if draft is None and method == s.speculator.method else draft
@@ -257,8 +258,9 @@ def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = No
         tree = engine_profile(s.engine).tree_verify_tokens
     if tree:
         width = max((tree - 1) / ctx.k_ref, 1.0)
-    return CycleSetup(method, tc, dc, ctx.target_step, ctx.draft_step, ctx.target_prefill, ctx.draft_prefill,
-                      s.workload.prompt_tokens, s.workload.output_tokens, width, temperature=s.workload.temperature)
+    return CycleSetup(method, tc, dc, ctx.target_step, draft_step or ctx.draft_step, ctx.target_prefill,
+                      ctx.draft_prefill, s.workload.prompt_tokens, s.workload.output_tokens, width,
+                      temperature=s.workload.temperature)
 
 
 def _k_max(ctx: Context) -> int:
@@ -798,12 +800,15 @@ def _compared_drafter(target: ModelSpec, method: str, structure: str) -> tuple[M
 
 
 def _compared(ctx: Context) -> tuple[Compared, ...]:
-    """The methods compared with the scenario's: generic n-gram, suffix, EAGLE-3, EAGLE (method, setup, prior)."""
+    """The methods compared with the scenario's: generic n-gram, suffix, EAGLE-3, EAGLE (method, setup, prior).
+    Each drafter at its method's uncalibrated parameters (a generic head is never the one a calibration or a
+    profile timed), not the scenario's drafter's: a profiled draft model's 5 ms per forward is not an EAGLE head's."""
     out = []
     for m in ("ngram", "suffix", "eagle3", "eagle"):
         if m != ctx.scenario.speculator.method:
             head, acc = _compared_drafter(ctx.target, m, ctx.scenario.workload.structure)
-            out.append(Compared(m, head, _setup(ctx, m, head), acc))
+            step = _default_drafter_step(ctx.gpu, ctx.scenario.engine, m)
+            out.append(Compared(m, head, _setup(ctx, m, head, step), acc))
     return tuple(out)
 
 

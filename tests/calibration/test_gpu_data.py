@@ -163,6 +163,12 @@ def test_profile_prices_only_the_drafters_it_timed(specs):
     assert any("no cycles of eagle3-llama-3.1-8b" in r and "prior" in r for r in eagle3["reasons"])
     assert not any("no cycles" in r for r in eagle["reasons"] + dm["reasons"])
     assert eagle3["tpot_ms"]["baseline"] == dm["tpot_ms"]["baseline"]  # the main fit prices the target
+    # the methods compared inside an answer: each drafter at its own method's prior, not the scenario's drafter's
+    # (a draft-model answer priced its compared EAGLE at the draft model's 5 ms per forward: 0.70x)
+    ngram = predict(_scenario("ngram", 1), gpu, target, None, profile=profile, samples=400).to_dict()
+    compared = {a: {m["method"]: m["expected_speedup"] for m in answer_["methods"]}
+                for a, answer_ in (("dm", dm), ("ngram", ngram))}
+    assert compared["dm"]["eagle"] == pytest.approx(compared["ngram"]["eagle"], rel=0.01) and compared["dm"]["eagle"] > 1.1
 
 
 EAGLE = "eagle-llama-3.1-8b"
