@@ -4,7 +4,7 @@ from __future__ import annotations
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES
-from .schemas import AcceptanceSchema, StrictSchema, _positive
+from .schemas import VLLM_VERSION, AcceptanceSchema, StrictSchema, _positive
 
 MAX_LOAD_LEVELS = 8
 MAX_TOTAL_RPS = 1_000_000.0  # load × growth beyond this is not a plan (a million requests per second)
@@ -82,7 +82,7 @@ class PlanRequestSchema(StrictSchema):
                                         metadata={"description": "Default: the smallest that fits and two doublings "
                                                                  "(up to 8)."})
     hours_per_month = fields.Float(load_default=730.0, validate=_positive(744.0))
-    vllm_version = fields.String(allow_none=True, validate=validate.Regexp(r"^\d{1,3}\.\d{1,3}(\.\d{1,4})?$"),
+    vllm_version = fields.String(allow_none=True, validate=VLLM_VERSION,
                                  metadata={"description": "The vLLM you serve with, e.g. 0.24: a GPU without a "
                                                           "calibration of the target is timed by that version's "
                                                           "measured engine profile when one ships (sources.step_time)."})

@@ -20,6 +20,9 @@ def _positive(maximum: float) -> validate.Range:
     return validate.Range(min=0, max=maximum, min_inclusive=False)
 
 
+VLLM_VERSION = validate.Regexp(r"^\d{1,3}\.\d{1,3}(\.\d{1,4})?$")  # "0.24", "0.24.0": what a profile is keyed by
+
+
 class StrictSchema(Schema):
     """Unknown fields are errors, so a misspelt field name never silently becomes a default."""
 
@@ -193,7 +196,7 @@ class ScenarioSchema(StrictSchema):
     load = fields.Nested(LoadSchema, allow_none=True,
                          metadata={"description": "Total load to size the fleet for (TCO)."})
     hours_per_month = fields.Float(load_default=730.0, validate=_positive(744.0))
-    vllm_version = fields.String(allow_none=True, validate=validate.Regexp(r"^\d{1,3}\.\d{1,3}(\.\d{1,4})?$"),
+    vllm_version = fields.String(allow_none=True, validate=VLLM_VERSION,
                                  metadata={"description": "The vLLM you serve with, e.g. 0.24: its measured engine "
                                                           "profile for this GPU is used when one ships "
                                                           "(answer.engine_profile)."})
@@ -247,8 +250,8 @@ class AnswerSchema(Schema):
     cost_model_version = fields.String()
     calibration_run_id = fields.Integer(allow_none=True)
     engine_profile = fields.Dict(allow_none=True, metadata={
-        "description": "{name, gpu, vllm_version, behaviour, source}: the measured GPU × vLLM profile the timing "
-                       "came from (scenario.vllm_version), or null."})
+        "description": "{name, gpu, vllm_version, behaviour, drafters, source}: the measured GPU × vLLM profile the "
+                       "timing came from (scenario.vllm_version), or null."})
 
 
 class RecommendationSchema(AnswerSchema):

@@ -26,7 +26,8 @@ from .acceptance import draft_fraction_at, per_position_rates
 from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, memory_report
 from .simulate import EngineLimits, SimResult, SpecDecode, StepModel, Traffic, _StepClock, kv_capacity_tokens, simulate
 from .steptime import default_step_time_params, forward_cost
-from .types import AcceptanceModel, CostModelError, GpuSpec, ModelSpec, PrefillParams, StepTimeParams
+from .types import (AcceptanceModel, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec, PrefillParams,
+                    StepTimeParams)
 
 TP_SIZES = (1, 2, 4, 8)
 MAX_TP_CHOICES = 3  # default: the smallest TP that fits and the next two doublings (up to 8)
@@ -63,20 +64,17 @@ class GpuOffer:
     step: StepTimeParams
     prefill: PrefillParams
     timing_source: str  # "default" | "calibration:<run id>" | "profile:<name>"
-    # a measured profile's per-drafter fits (MeasuredEngineProfile.drafters): a drafter's engine is priced by its own
-    drafter_steps: tuple[tuple[str, StepTimeParams], ...] = ()
+    profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from, if any
 
     def speculative_steps(self, drafter: ModelSpec | None) -> tuple[StepTimeParams, StepTimeParams]:
         """(target, drafter) step-time parameters of this GPU's engine speculating with ``drafter``, as
         ``predict`` takes them: a profile's fit of that drafter's engine for both; on a profile that did not time
         it, the catalog defaults for the drafter (the profile's main fit carries another drafter's per-forward
         cost); else the offer's own (calibrated or default) for both."""
-        timed = next((p for name, p in self.drafter_steps if drafter is not None and name == drafter.name), None)
-        if timed is not None:
-            return timed, timed
-        if drafter is not None and self.timing_source.startswith("profile"):
-            return self.step, default_step_time_params(self.gpu)
-        return self.step, self.step
+        if self.profile is None or drafter is None:
+            return self.step, self.step
+        timed = self.profile.drafter_step(drafter.name)
+        return (timed, timed) if timed is not None else (self.step, default_step_time_params(self.gpu))
 
 
 @dataclass(frozen=True)

@@ -39,20 +39,19 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
         gpu = catalog.gpu_spec(row)
         cal = calibrations.calibration_for(gpu.name, target.name)
         profile = costmodel.matching_profile(catalog.engine_profiles(), gpu, data.get("vllm_version"))
-        drafters: tuple = ()
         if cal is not None and target.name in cal.step_time:
             step = cal.step_time[target.name]
             pre = cal.prefill.get(target.name) or costmodel.default_prefill_params(gpu)
-            timing = f"calibration:{cal.run_id}"
+            timing, profile = f"calibration:{cal.run_id}", None
         elif profile is not None:  # the GPU × vLLM version's measured profile, as a recommendation would use it
-            step, pre, timing, drafters = profile.step_time, profile.prefill, f"profile:{profile.name}", profile.drafters
+            step, pre, timing = profile.step_time, profile.prefill, f"profile:{profile.name}"
         else:
             step, pre, timing = costmodel.default_step_time_params(gpu), costmodel.default_prefill_params(gpu), "default"
         if gpu.name in prices:
             price, price_source = float(prices[gpu.name]), "input"
         else:
             price, price_source = gpu.gpu_hour_usd, f"catalog:{gpu.name} ({gpu.gpu_hour_usd_date})"
-        offers.append(GpuOffer(gpu, price, price_source, step, pre, timing, drafters))
+        offers.append(GpuOffer(gpu, price, price_source, step, pre, timing, profile))
         sources[gpu.name] = row.source
     return offers, sources
 
