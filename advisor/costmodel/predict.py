@@ -17,7 +17,8 @@ from .checks import check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
 from .memory import MemoryReport, memory_report, resident_sequences
 from .priors import prior_acceptance
-from .speculation import COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued
+from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
+                          stack_grids)
 from .steptime import (default_prefill_params, default_step_time_params, engine_profile, forward_cost, with_engine,
                        with_proposer_prior)
 from .tco import best_operating_point, tco_report
@@ -123,6 +124,9 @@ class Context:
     calibration_notes: tuple[str, ...] = ()  # why a calibration (or part of it) was not used
     draft_fraction_given: bool = False  # acceptance.draft_fraction stated: not sampled
     profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from
+    # the target's steps on the engine path without the scenario's drafter (what a copy method or an untimed head
+    # runs on): the compared methods' target; None = target_step (no drafter fit replaced it)
+    compared_target_step: StepTimeParams | None = None
 
 
 @lru_cache(maxsize=256)
@@ -224,6 +228,7 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
             notes = tuple(f"calibration run {calibration.run_id} not used: {m}" for m in mismatch)
             calibration = None
     t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration, profile)
+    own_step = t_step
     d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
     timed = profile.drafter_step(draft.name) if step_source.startswith("profile") and draft is not None else None
     if timed is not None:  # the profile timed this drafter's engine
@@ -242,11 +247,12 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
                    t_pre, d_pre, step_source, acc, acc_source, k_ref, notes,
                    s.acceptance is not None and s.acceptance.draft_fraction is not None,
-                   profile if step_source.startswith("profile") else None)
+                   profile if step_source.startswith("profile") else None,
+                   own_step if own_step is not t_step else None)
 
 
 def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None,
-           draft_step: StepTimeParams | None = None) -> CycleSetup:
+           draft_step: StepTimeParams | None = None, target_step: StepTimeParams | None = None) -> CycleSetup:
     s = ctx.scenario
     method = method or s.speculator.method
     draft = ctx.draft if draft is None and method == s.speculator.method else draft
@@ -258,8 +264,8 @@ def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = No
         tree = engine_profile(s.engine).tree_verify_tokens
     if tree:
         width = max((tree - 1) / ctx.k_ref, 1.0)
-    return CycleSetup(method, tc, dc, ctx.target_step, draft_step or ctx.draft_step, ctx.target_prefill,
-                      ctx.draft_prefill, s.workload.prompt_tokens, s.workload.output_tokens, width,
+    return CycleSetup(method, tc, dc, target_step or ctx.target_step, draft_step or ctx.draft_step,
+                      ctx.target_prefill, ctx.draft_prefill, s.workload.prompt_tokens, s.workload.output_tokens, width,
                       temperature=s.workload.temperature)
 
 
@@ -336,8 +342,15 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         accs = (acc,) + tuple(a for _, a in compared)
         coeffs = np.array([[a.logit_intercept, a.logit_position_slope, a.logit_temperature_slope] for a in accs])
         r = per_position_rates(acc, temperature, width, coeffs)  # row m from coeffs[m]
-        return evaluate_grid(setup, batch, ks, r, np.array([draft_fraction_at(a, temperature) for a in accs]),
-                             StepSamples.point(ctx.target_step), drafters=(setup,) + tuple(c for c, _ in compared))
+        fraction = np.array([draft_fraction_at(a, temperature) for a in accs])
+        setups = (setup,) + tuple(c for c, _ in compared)
+        if ctx.compared_target_step is None:  # one target fit for every row
+            return evaluate_grid(setup, batch, ks, r, fraction, StepSamples.point(ctx.target_step), drafters=setups)
+        # the scenario's drafter's fit priced row 0's target (its engine path); the compared rows run on the target's
+        # own fit, as each method's own answer does
+        return stack_grids(evaluate_grid(setup, batch, ks, r[:1], fraction[:1], StepSamples.point(ctx.target_step)),
+                           evaluate_grid(setups[1], batch, ks, r[1:], fraction[1:],
+                                         StepSamples.point(ctx.compared_target_step), drafters=setups[1:]))
     if samples == 1:  # point estimate only
         r = per_position_rates(acc, temperature, width)[None, :]
         step = StepSamples.point(ctx.target_step)
@@ -808,7 +821,7 @@ def _compared(ctx: Context) -> tuple[Compared, ...]:
         if m != ctx.scenario.speculator.method:
             head, acc = _compared_drafter(ctx.target, m, ctx.scenario.workload.structure)
             step = _default_drafter_step(ctx.gpu, ctx.scenario.engine, m)
-            out.append(Compared(m, head, _setup(ctx, m, head, step), acc))
+            out.append(Compared(m, head, _setup(ctx, m, head, step, ctx.compared_target_step), acc))
     return tuple(out)
 
 

@@ -12,7 +12,7 @@ Everything is vectorised: shape (S samples, nB concurrency points, nK draft leng
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from scipy.special import ndtr
@@ -273,6 +273,18 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
                 ttft_base_s=_rows(ttft_base, rows), ttft_spec_s=_rows(ttft_spec, rows),
                 prefill_interleave_base_s=inter_base, prefill_interleave_spec_s=inter_spec,
                 latency_base_s=latency_base, latency_spec_s=latency_spec, per_position=per_position)
+
+
+def stack_grids(first: Grid, rest: Grid) -> Grid:
+    """Two grids over the same batches and k as one, ``rest``'s rows after ``first``'s (rows evaluated apart)."""
+    if not (np.array_equal(first.batch, rest.batch) and np.array_equal(first.ks, rest.ks)):
+        raise ValueError("stacked grids must share their batches and k")
+    changes = {}
+    for f in fields(Grid):
+        a, b = getattr(first, f.name), getattr(rest, f.name)
+        if f.name not in ("batch", "ks") and a is not None:
+            changes[f.name] = np.concatenate((a, b), axis=0)
+    return replace(first, **changes)
 
 
 def queued(grid: Grid, resident_base: float, resident_spec: float) -> Grid:
