@@ -198,6 +198,11 @@ def shape_config(model: dict) -> dict:
     row or ``ModelSpec.to_dict()``): what ``load_format="dummy"`` needs to time a model without its checkpoint."""
     if model.get("num_experts"):
         raise ValueError(f"{model.get('name')}: shape configs for mixture-of-experts models are not supported")
+    if model.get("kind") == "eagle3_head":  # embeds the target's tokens, proposes from its own smaller vocabulary:
+        # vLLM's Eagle3LlamaForCausalLM reads draft_vocab_size for its LM head and maps draft ids to the target's
+        # through draft_id_to_target_id (an integer tensor: dummy loading leaves it at 0, ids < draft vocab)
+        return {**shape_config({**model, "kind": "eagle_head", "vocab_size": model["tokenizer_vocab_size"]}),
+                "draft_vocab_size": int(model["vocab_size"])}
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
         "hidden_size": int(model["hidden_size"]), "intermediate_size": int(model["intermediate_size"]),

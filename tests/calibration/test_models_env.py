@@ -48,6 +48,18 @@ def test_dummy_shape_writes_config_and_tokenizer(tmp_path):
     assert (dst / "tokenizer.json").exists()
 
 
+def test_eagle3_shape_embeds_the_targets_vocabulary():
+    """An EAGLE-3 head's catalog row carries its draft vocabulary (32k) as vocab_size; vLLM's Eagle3LlamaForCausalLM
+    embeds the target's tokens (vocab_size) and proposes from draft_vocab_size, so the shape must say both."""
+    from benchmarks.gpu_closed_loop import catalog_row
+
+    rows = {name: catalog_row(name) for name in ("eagle3-llama-3.1-8b", "eagle-llama-3.1-8b")}
+    eagle3 = models.shape_config(rows["eagle3-llama-3.1-8b"])
+    assert eagle3["vocab_size"] == 128256 and eagle3["draft_vocab_size"] == 32000
+    assert eagle3["num_hidden_layers"] == 1 and eagle3["hidden_size"] == 4096
+    assert "draft_vocab_size" not in models.shape_config(rows["eagle-llama-3.1-8b"])
+
+
 def test_prepare_is_idempotent_when_marker_present(tmp_path, monkeypatch):
     target = tmp_path / "m"
     target.mkdir()
