@@ -119,9 +119,11 @@ def run_drafter(records: list[dict]) -> str:
     return DRAFT
 
 
-def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, drafter: str = DRAFT):
+def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, drafter: str = DRAFT,
+                     second_cycle_k: int | None = None):
     """The GPU probe plan of the closed loop: the product's ``ProbeConfig`` with timing settings for an H200;
-    ``draft`` is the path of ``drafter``'s shape."""
+    ``draft`` is the path of ``drafter``'s shape; ``second_cycle_k``: the drafter's cycles also at that k (one more
+    engine)."""
     from calibration.probes import DrafterSpec, ProbeConfig
 
     return ProbeConfig(
@@ -130,6 +132,7 @@ def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, dra
         batch_sizes=(1, 8, 64, 256), cycle_batch_sizes=(1, 16, 64, 256), decode_tokens=32,
         context_len=PROMPT_TOKENS, verify_ks=(3, 5), prompt_lengths=(512, 2048, 8192), prefill_batch_sizes=(1, 4),
         max_prefill_tokens=8192, sampled_temperature=0.8, synthetic_acceptance=CALIBRATION_ACCEPTANCE,
+        second_cycle_k=second_cycle_k,
         repeats=2, max_repeats=4, max_relative_spread=0.1, max_model_len=8192 + 512,
         drafters=(DrafterSpec(drafter_method(drafter), 3, model=draft, draft_sample_method=None,
                               label=f"{drafter_method(drafter)}-{drafter}-k3"),
@@ -138,7 +141,8 @@ def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, dra
 
 
 # --------------------------------------------------------------------------------------------- calibrate
-def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, drafter: str = DRAFT) -> int:
+def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
+              second_cycle_k: int | None = None) -> int:
     from calibration.probes import ProbeRunError, environment_info, run_probes
     from calibration.runner import to_record
 
@@ -163,12 +167,13 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, draf
 
         status = "succeeded"
         try:
-            run_probes(gpu_probe_config(target, draft, tp, drafter), progress=progress, on_measurement=emit, engines=engines)
+            run_probes(gpu_probe_config(target, draft, tp, drafter, second_cycle_k), progress=progress,
+                       on_measurement=emit, engines=engines)
         except ProbeRunError as exc:
             status = f"failed: {exc}"
     info = {"status": status, "wall_s": round(time.perf_counter() - t0, 1),
             "split_s": {k: round(v, 1) for k, v in splits.items()}, "environment": environment_info(),
-            "config": dataclasses.asdict(gpu_probe_config(target, draft, tp, drafter))}
+            "config": dataclasses.asdict(gpu_probe_config(target, draft, tp, drafter, second_cycle_k))}
     (workdir / ("calibration-run.json" if engines is None else "calibration-redo-run.json")).write_text(json.dumps(info, indent=1, default=str) + "\n")
     print(json.dumps({k: info[k] for k in ("status", "wall_s", "split_s")}), flush=True)
     return 0 if status == "succeeded" else 1
@@ -517,6 +522,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", default=DRAFT,
                         choices=sorted(r["name"] for r in _catalog_rows() if r["kind"] in MODEL_DRAFTER_METHODS),
                         help="calibrate, measure: the model drafter (catalog name; an EAGLE head runs as 'eagle')")
+    parser.add_argument("--second-cycle-k", type=int, default=None,
+                        help="calibrate: the drafter's whole cycles also at this k (one more engine)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
@@ -527,7 +534,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
-        return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter)
+        return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
+                         args.second_cycle_k)
     if args.phase == "measure":
         return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter)
     if args.phase == "_engine":

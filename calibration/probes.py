@@ -1208,7 +1208,9 @@ def report_done(label: str, stream) -> None:
 def engine_memory_estimate_bytes(item: EnginePlan, cfg: ProbeConfig) -> int:
     """GPU memory an engine of the plan will hold: weights of the target (and draft model) per TP rank, from the
     checkpoint's safetensors or, for config-only shapes, a parameter count of config.json (Llama-like layers), at
-    2 bytes per parameter; plus the KV cache and 3 GiB for activations, CUDA graphs and the CUDA context."""
+    2 bytes per parameter; plus the KV cache and 5 GiB for activations, CUDA graphs and the CUDA context (an H200
+    run: 8B-shaped engines with an 8.5 GiB cache held 27.3-29.5 GiB, the weights 15 GiB, the drafter's head up to
+    1.6 GiB; 3 GiB let five such engines start together and run out of memory)."""
     def weights(path: str | None) -> int:
         if not path:
             return 0
@@ -1232,10 +1234,10 @@ def engine_memory_estimate_bytes(item: EnginePlan, cfg: ProbeConfig) -> int:
         return 2 * params
 
     spec = item.speculative_config or {}
-    draft = spec.get("model") if spec.get("method") in ("draft_model",) else None
+    draft = spec.get("model") if spec.get("method") in ("draft_model", "eagle", "eagle3", "mtp") else None
     tp = max(1, cfg.tensor_parallel_size)
     kv = int((cfg.kv_cache_memory_gib or 0) * 2**30)
-    return (weights(item.model) + weights(draft)) // tp + kv + 3 * 2**30
+    return (weights(item.model) + weights(draft)) // tp + kv + 5 * 2**30
 
 
 def default_kv_cache_gib(cfg: ProbeConfig) -> float:
@@ -1277,6 +1279,7 @@ def start_groups(plan: list[EnginePlan], cfg: ProbeConfig, gpu_memory_bytes: int
         return [[item] for item in plan]
     if not gpu_memory_bytes:
         return [list(plan)] if plan else []
+    cfg = held_engine_config(cfg, 1)  # the KV cache each engine of a group is given (when cfg leaves it to vLLM)
     groups: list[list[EnginePlan]] = []
     used = 0
     for item in plan:

@@ -4,7 +4,8 @@
 # next call: `measure` skips the engines it has measured). Usage: scripts/gpu-closed-loop.sh PHASE[:SECONDS] ...
 #   e.g. scripts/gpu-closed-loop.sh calibrate:300 measure:240      then      measure:400 analyze:60
 # Phase draft_host: benchmarks/draft_host.py. TP=2 sets every engine's tensor-parallel size; ONLY=baseline,ngram-k3
-# limits `measure` to those engines; DRAFTER=eagle-llama-3.1-8b times that catalog drafter instead of the 1B draft model.
+# limits `measure` to those engines; DRAFTER=eagle-llama-3.1-8b times that catalog drafter instead of the 1B draft model;
+# SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration.
 # On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
 # symmetric-memory multicast, and vLLM's all-reduces that build on them (symmetric memory, FlashInfer's); TP runs
 # use vLLM's custom all-reduce (CUDA IPC) and NCCL.
@@ -19,7 +20,8 @@ for arg in "$@"; do
   cmd=(python3 -m benchmarks.gpu_closed_loop "$phase" --workdir "$W")
   case $phase in
     analyze) cmd+=(--out-json "$W/closed-loop-result.json") ;;
-    calibrate) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}") ;;
+    calibrate) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}")
+               [ -n "${SECOND_K:-}" ] && cmd+=(--second-cycle-k "$SECOND_K") ;;
     measure) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY") ;;
     draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json") ;;
   esac

@@ -196,9 +196,18 @@ def test_gpu_engines_start_together_as_memory_allows(tmp_path):
     plan = plan_engines(cfg)
     est = {e.label: engine_memory_estimate_bytes(e, dataclasses.replace(cfg, kv_cache_memory_gib=kv_gib))
            for e in plan}
-    assert 15.5e9 < est["target"] - (kv_gib + 3) * 2**30 < 16.5e9  # Llama-3.1-8B: 8.03 B parameters in bf16
+    assert 15.5e9 < est["target"] - (kv_gib + 5) * 2**30 < 16.5e9  # Llama-3.1-8B: 8.03 B parameters in bf16
     draft_engine = next(e.label for e in plan if (e.speculative_config or {}).get("method") == "draft_model")
     assert 2.4e9 < est[draft_engine] - est["target"] < 2.6e9  # + Llama-3.2-1B (1.24 B)
+    assert [len(g) for g in start_groups(plan, cfg, 139 * 2**30)] == [len(plan)]
+    # the KV cache the engines will be given counts even when cfg leaves it unset: five 8B engines (an EAGLE-3
+    # head's cycles at k = 3 and 5) held 27.3-29.5 GiB each on an H200 (139.8 GiB) and ran out of memory together
+    head = str(write_shape(catalog_row("eagle3-llama-3.1-8b"), tmp_path / "e3"))
+    five = plan_engines(dataclasses.replace(gpu_probe_config(target, head, drafter="eagle3-llama-3.1-8b"),
+                                            second_cycle_k=5).resolved(on_gpu=True))
+    assert len(five) == 5 and [len(g) for g in start_groups(five, cfg, int(139.8 * 2**30))] == [4, 1]
+    assert 1.5 * 2**30 < engine_memory_estimate_bytes(five[2], dataclasses.replace(cfg, kv_cache_memory_gib=kv_gib)) \
+        - est["target"] < 2.8 * 2**30  # + the head's layer, 128k-token embedding and 32k-token LM head
     cfg = dataclasses.replace(cfg, kv_cache_memory_gib=kv_gib)
     assert [len(g) for g in start_groups(plan, cfg, 139 * 2**30)] == [len(plan)]
     assert all(len(g) == 1 for g in start_groups(plan, cfg, 24 * 10**9))
