@@ -77,6 +77,7 @@ class Row:
     simulated_throughput_tok_s: float
     max_concurrency: int | None = None
     others_cpu: float = 0.0  # share of the CPUs other processes used during the run (shared machine)
+    host_drift: dict[str, float] | None = None  # the c = 1 reference TPOT before / after the run vs the probe's
     load: float | None = None  # rate / the mode's measured capacity
 
     @property
@@ -350,6 +351,20 @@ def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir:
     return out
 
 
+REFERENCE_PROMPTS = 4  # the host-speed reference: a closed loop at c = 1 before and after each rate
+HOST_DRIFT_LIMIT = 0.10
+
+
+def host_drift(url: str, model: str, dataset: Path, output_len: int, workdir: Path, label: str,
+               probe_tpot_ms: float) -> float:
+    """How far the served engine's speed is from the serving probe's now: TPOT p50 of a short closed loop at c = 1
+    (the probe's prompts) over the probe's c = 1 TPOT p50, minus 1. The host's speed drifts within a session (a run
+    on a host 1.2x slower than its calibration missed by 20-30 %: docs/planner.md), which other processes' CPU share
+    does not always show (a virtual machine's neighbours)."""
+    result = bench(url, model, dataset, math.inf, REFERENCE_PROMPTS, output_len, 1, workdir, label, 1)
+    return measured_ms(result)["tpot_p50"] / probe_tpot_ms - 1.0
+
+
 def capacity_rps(probe: dict[int, dict]) -> float:
     """The server's capacity: requests/s it finished with a full batch (``max_num_seqs``) kept open (closed-loop
     probe at c = max_num_seqs, else the largest c probed)."""
@@ -446,10 +461,17 @@ def compare(mode: str, rate: float, run: dict[str, Any], sim) -> Row:
                sim.throughput_tok_s, run.get("max_concurrent_requests"))
 
 
+def _drift_cell(drift: dict[str, float] | None) -> str:
+    if not drift:
+        return "–"  # runs before the host-speed reference
+    return " / ".join(f"{100 * drift[k]:+.0f} %" if k in drift else "–" for k in ("before", "after"))
+
+
 def format_table(rows: list[Row]) -> str:
     head = ("| mode | rate (req/s) | load | requests | TTFT p50 meas / sim ms | TTFT p90 meas / sim ms "
-            "| TPOT p50 meas / sim ms | TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU |\n"
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+            "| TPOT p50 meas / sim ms | TPOT p90 meas / sim ms | output tok/s meas / sim | others' CPU "
+            "| host before / after |\n"
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     lines = [head]
     for r in rows:
         cells = [f"{r.measured_ms[k]:.0f} / {r.simulated_ms[k]:.0f} ({100 * r.errors[k]:+.1f} %)"
@@ -459,7 +481,7 @@ def format_table(rows: list[Row]) -> str:
         load = f"{r.load:.2f}×" if r.load else "–"
         lines.append(f"| {r.mode} | {r.rate:g} | {load} | {r.requests} | " + " | ".join(cells)
                      + f" | {r.measured_throughput_tok_s:.0f} / {r.simulated_throughput_tok_s:.0f} "
-                     f"| {100 * r.others_cpu:.0f} % |")
+                     f"| {100 * r.others_cpu:.0f} % | {_drift_cell(r.host_drift)} |")
     return "\n".join(lines)
 
 
@@ -484,6 +506,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-concurrency", default=",".join(map(str, PROBE_CONCURRENCY)),
                         help="closed-loop serving probe: requests kept open (1, max_num_seqs[, more])")
     parser.add_argument("--attempts", type=int, default=2, help="runs per rate while other processes disturb it")
+    parser.add_argument("--host-drift-limit", type=float, default=HOST_DRIFT_LIMIT,
+                        help="redo a rate (up to --attempts runs) when a c = 1 reference TPOT before or after it is "
+                             "this far off the serving probe's")
     parser.add_argument("--max-wait-quiet", type=float, default=120.0,
                         help="seconds to wait for other CPU load to stop before each server starts")
     parser.add_argument("--max-error", type=float, default=TARGET_ERROR,
@@ -520,22 +545,50 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
                                   tuple(int(c) for c in args.probe_concurrency.split(",")), args.cpu_lock)
             (workdir / f"probe-{mode}.json").write_text(json.dumps(probe))
             capacity = capacity_rps(probe)
+            reference = measured_ms(probe[min(probe)])["tpot_p50"]  # the probe's c = 1 (its least concurrency)
             for spelling, value in parse_rates(args.rates):
                 relative = spelling.endswith("x")
                 rate = round(value * capacity, 3) if relative else value
                 label = f"{mode}-{spelling}"
                 with cpu_lock(args.cpu_lock, label):
                     t = time.perf_counter()
-                    result, others = guarded(lambda: bench(url, model, dataset, rate, args.num_prompts,
-                                                           args.output_len, args.seed, workdir, label),
-                                             label, attempts=args.attempts)
+                    result, others, drift = host_guarded_run(
+                        lambda: guarded(lambda: bench(url, model, dataset, rate, args.num_prompts, args.output_len,
+                                                      args.seed, workdir, label), label, attempts=args.attempts),
+                        lambda when: host_drift(url, model, dataset, args.output_len, workdir, f"{label}-{when}",
+                                                reference),
+                        label, args.attempts, args.host_drift_limit, args.max_wait_quiet)
                 runs[label] = {"mode": mode, "rate": rate, "load": rate / capacity, "capacity_rps": capacity,
-                               "others_cpu": others, "wall_s": time.perf_counter() - t,
+                               "others_cpu": others, "host_drift": drift, "wall_s": time.perf_counter() - t,
                                **{k: result.get(k) for k in RUN_KEYS}}
                 (workdir / "runs.json").write_text(json.dumps(runs))
         finally:
             stop_server(proc)
     return runs
+
+
+def host_guarded_run(run_once, drift_at, label: str, attempts: int, limit: float, max_wait_s: float):
+    """``run_once()`` -> (result, others' CPU) between two host-speed references (``drift_at("before"/"after")``):
+    before it, wait (bounded) while the host runs more than ``limit`` off the probe's speed; after it, redo the run
+    when the host drifted during it. Up to ``attempts`` runs; the last one stands, with its drifts recorded."""
+    drift: dict[str, float] = {}
+    for attempt in range(1, attempts + 1):
+        drift["before"] = drift_at("before")
+        for _ in range(2):  # bounded wait for the host to come back
+            if abs(drift["before"]) <= limit:
+                break
+            print(f"[{label}] host {100 * drift['before']:+.0f} % off the probe's speed: waiting", file=sys.stderr,
+                  flush=True)
+            wait_for_quiet(max_wait_s)
+            time.sleep(min(30.0, max_wait_s))
+            drift["before"] = drift_at("before")
+        result, others = run_once()
+        drift["after"] = drift_at("after")
+        if abs(drift["after"]) <= limit or attempt == attempts:
+            return result, others, drift
+        print(f"[{label}] host {100 * drift['after']:+.0f} % off the probe's speed after the run: redoing it",
+              file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -584,7 +637,7 @@ def run(args: argparse.Namespace) -> ServingResult:
     for run_ in runs.values():
         sim = simulate_run(run_, gpu, target, cal, kv_tokens, specs[run_["mode"]], frontend.get(run_["mode"]))
         row = compare(run_["mode"], run_["rate"], run_, sim)
-        row.others_cpu = run_["others_cpu"]
+        row.others_cpu, row.host_drift = run_["others_cpu"], run_.get("host_drift")
         row.load = run_.get("load")
         rows.append(row)
     settings = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,

@@ -115,9 +115,10 @@ def test_bad_input_is_a_422_naming_the_field(client, changes, field):
 
 
 def test_a_plan_naming_its_vllm_version_is_timed_by_the_measured_profile(client):
-    """On H200-SXM with vLLM 0.24 a plan prices each GPU by the shipped profile, as a recommendation does: the EAGLE
-    head by its own engine's fit (measured 2.15x at B = 1), so it wins over the 1B draft model (0.75x measured: no
-    CUDA graphs for it on 0.24) and over an EAGLE-3 head the profile did not time (its drafter at the defaults)."""
+    """On H200-SXM with vLLM 0.24 a plan prices each GPU by the shipped profile, as a recommendation does: each head
+    by its own engine's fit (EAGLE measured 2.15x at B = 1, EAGLE-3 2.02-2.06x), so EAGLE-3 (the higher prior
+    acceptance) wins at a measured gain, and the 1B draft model, alone, loses (0.75x measured: no CUDA graphs for it
+    on 0.24) where the uncalibrated plan gave it a gain."""
     speculators = [{"method": "draft_model", "draft_model": "llama-3.2-1b-instruct"},
                    {"method": "eagle", "draft_model": "eagle-llama-3.1-8b"},
                    {"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"}]
@@ -128,9 +129,17 @@ def test_a_plan_naming_its_vllm_version_is_timed_by_the_measured_profile(client)
     spec = {o["mode"]: o for o in measured["options"]}
     assert {o["sources"]["step_time"] for o in measured["options"]} == {"profile:H200-SXM × vLLM 0.24"}
     assert {o["sources"]["step_time"] for o in default["options"]} == {"default"}
-    assert spec["speculative"]["speculator"]["method"] == "eagle"
-    assert spec["speculative"]["speculator"]["decode_gain_at_operating_batch"] > 1.3
-    assert next(o for o in default["options"] if o["mode"] == "speculative")["speculator"]["method"] == "eagle3"
+    assert spec["speculative"]["speculator"]["method"] == "eagle3"
+    gain = spec["speculative"]["speculator"]["decode_gain_at_operating_batch"]
+    default_spec = next(o for o in default["options"] if o["mode"] == "speculative")["speculator"]
+    assert default_spec["method"] == "eagle3" and gain > 1.5 > 1.4 > default_spec["decode_gain_at_operating_batch"]
+    alone = {**body, "speculators": speculators[:1]}
+
+    def draft_model_gain(plan: dict) -> float:
+        options = client.post("/v1/plans", json=plan).get_json()["options"]
+        return next(o for o in options if o["mode"] == "speculative")["speculator"]["decode_gain_at_operating_batch"]
+
+    assert draft_model_gain({**alone, "vllm_version": "0.24.0"}) < 0.8 < 1.0 < draft_model_gain(alone)
     assert client.post("/v1/plans", json={**body, "vllm_version": "latest"}).status_code == 422
 
 

@@ -61,3 +61,25 @@ def test_run_d_reanalysed_gives_the_documented_table():
     front = result.calibration["frontend"]["baseline"]
     # c = 1, 4 and 8 were disturbed by other jobs (23-34 % of the cores): the fit rests on c = 16
     assert front["frontend_s_per_step"] == 0.0 and front["frontend_s_per_seq"] == 0.0
+
+
+def test_host_guard_waits_for_the_host_and_redoes_a_run_it_drifted_during(monkeypatch):
+    """benchmarks/serving.py's host-speed guard: a c = 1 reference before a rate waits (bounded) while the host runs
+    off the probe's speed; one after it redoes the rate when the host drifted during it; the last run stands."""
+    from benchmarks import serving
+
+    monkeypatch.setattr(serving, "wait_for_quiet", lambda max_wait_s: 0.0)
+    monkeypatch.setattr(serving.time, "sleep", lambda s: None)
+    drifts = iter([0.25, 0.04, 0.30, 0.02, -0.03])  # before (slow, then back), after (drifted), before, after
+    runs = []
+
+    def run_once():
+        runs.append(len(runs))
+        return {"run": len(runs)}, 0.01
+
+    result, others, drift = serving.host_guarded_run(run_once, lambda when: next(drifts), "t", 3, 0.10, 1.0)
+    assert result == {"run": 2} and len(runs) == 2 and drift == {"before": 0.02, "after": -0.03}
+    # with one attempt the run stands whatever the host did, and says so
+    drifts = iter([0.5, 0.5, 0.5, 0.4])
+    result, _, drift = serving.host_guarded_run(run_once, lambda when: next(drifts), "t", 1, 0.10, 1.0)
+    assert result == {"run": 3} and drift == {"before": 0.5, "after": 0.4}
