@@ -25,7 +25,7 @@ import numpy as np
 from .acceptance import draft_fraction_at, per_position_rates
 from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, memory_report
 from .simulate import EngineLimits, SimResult, SpecDecode, StepModel, Traffic, _StepClock, kv_capacity_tokens, simulate
-from .steptime import default_step_time_params, forward_cost
+from .steptime import default_drafter_step, forward_cost
 from .types import (AcceptanceModel, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec, PrefillParams,
                     StepTimeParams)
 
@@ -66,15 +66,15 @@ class GpuOffer:
     timing_source: str  # "default" | "calibration:<run id>" | "profile:<name>"
     profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from, if any
 
-    def speculative_steps(self, drafter: ModelSpec | None) -> tuple[StepTimeParams, StepTimeParams]:
-        """(target, drafter) step-time parameters of this GPU's engine speculating with ``drafter``, as
-        ``predict`` takes them: a profile's fit of that drafter's engine for both; on a profile that did not time
-        it, the catalog defaults for the drafter (the profile's main fit carries another drafter's per-forward
-        cost); else the offer's own (calibrated or default) for both."""
+    def speculative_steps(self, drafter: ModelSpec | None, method: str) -> tuple[StepTimeParams, StepTimeParams]:
+        """(target, drafter) step-time parameters of this GPU's engine speculating with ``drafter`` by ``method``,
+        as ``predict`` takes them: a profile's fit of that drafter's engine for both; on a profile that did not
+        time it, the drafter's uncalibrated prior (``default_drafter_step``, as ``predict``'s: the profile's main
+        fit carries another drafter's per-forward cost); else the offer's own (calibrated or default) for both."""
         if self.profile is None or drafter is None:
             return self.step, self.step
         timed = self.profile.drafter_step(drafter.name)
-        return (timed, timed) if timed is not None else (self.step, default_step_time_params(self.gpu))
+        return (timed, timed) if timed is not None else (self.step, default_drafter_step(self.gpu, "vllm", method))
 
 
 @dataclass(frozen=True)
@@ -305,7 +305,7 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
             reasons.append(f"{_spec_name(cand)}: drafter + KV do not fit")
             continue
         dcost = forward_cost(gpu, cand.draft, "bf16", tp) if cand.draft is not None else None
-        target_step, draft_step = offer.speculative_steps(cand.draft)
+        target_step, draft_step = offer.speculative_steps(cand.draft, cand.method)
         smodel = StepModel(cost, target_step, offer.prefill, dcost, draft_step, plan.temperature)
         slimits = replace(limits, kv_capacity_tokens=kv_capacity_tokens(
             smem.kv_space_gb, smem.kv_bytes_per_token_target, smem.kv_bytes_per_token_draft))

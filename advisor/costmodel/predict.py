@@ -19,8 +19,8 @@ from .memory import MemoryReport, memory_report, resident_sequences
 from .priors import prior_acceptance
 from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
                           stack_grids)
-from .steptime import (default_prefill_params, default_step_time_params, engine_profile, forward_cost, with_engine,
-                       with_proposer_prior)
+from .steptime import (default_drafter_step, default_prefill_params, default_step_time_params, engine_profile,
+                       forward_cost, with_engine)
 from .tco import best_operating_point, tco_report
 from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceInput,
                     AcceptanceModel, Calibration, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec,
@@ -129,12 +129,6 @@ class Context:
     compared_target_step: StepTimeParams | None = None
 
 
-@lru_cache(maxsize=256)
-def _default_drafter_step(gpu: GpuSpec, engine: str, method: str) -> StepTimeParams:
-    """A drafter's uncalibrated step parameters (pure in its arguments: cached)."""
-    return with_proposer_prior(default_step_time_params(gpu, engine), engine, method)
-
-
 def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
                  profile: MeasuredEngineProfile | None = None) -> tuple[StepTimeParams, PrefillParams, str]:
     if calibration is not None and model is not None and model.name in calibration.step_time:
@@ -238,7 +232,7 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
         # path vLLM ran them (calibration.fit.engine_path_records); the joint fit of a run when it is the same
         t_step = d_step
     elif d_source == "default":  # the drafter's per-forward overhead is a wide prior until measured
-        d_step = _default_drafter_step(gpu, s.engine, method)
+        d_step = default_drafter_step(gpu, s.engine, method)
         if draft is not None and step_source.startswith("profile"):
             notes += (f"the profile {profile.name} timed no cycles of {draft.name}: the drafter's cost is the "
                       "uncalibrated prior",)
@@ -820,7 +814,7 @@ def _compared(ctx: Context) -> tuple[Compared, ...]:
     for m in ("ngram", "suffix", "eagle3", "eagle"):
         if m != ctx.scenario.speculator.method:
             head, acc = _compared_drafter(ctx.target, m, ctx.scenario.workload.structure)
-            step = _default_drafter_step(ctx.gpu, ctx.scenario.engine, m)
+            step = default_drafter_step(ctx.gpu, ctx.scenario.engine, m)
             out.append(Compared(m, head, _setup(ctx, m, head, step, ctx.compared_target_step), acc))
     return tuple(out)
 

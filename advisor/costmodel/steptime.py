@@ -309,3 +309,10 @@ def with_proposer_prior(params: StepTimeParams, engine: str, method: str) -> Ste
                    proposer_overhead_log_std_low=None,
                    eager_layer_overhead_s=prof.draft_model_eager_layer_s if eager else 0.0,
                    eager_probability=prof.draft_model_eager_probability if eager else 0.0)
+
+
+@lru_cache(maxsize=256)
+def default_drafter_step(gpu: GpuSpec, engine: str, method: str) -> StepTimeParams:
+    """A drafter's uncalibrated step parameters, for every caller that finds none measured (``predict``, the
+    planner): the class defaults with the proposer prior (pure in its arguments: cached)."""
+    return with_proposer_prior(default_step_time_params(gpu, engine), engine, method)
