@@ -570,11 +570,12 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
 def host_guarded_run(run_once, drift_at, label: str, attempts: int, limit: float, max_wait_s: float):
     """``run_once()`` -> (result, others' CPU) between two host-speed references (``drift_at("before"/"after")``):
     before it, wait (bounded) while the host runs more than ``limit`` off the probe's speed; after it, redo the run
-    when the host drifted during it. Up to ``attempts`` runs; the last one stands, with its drifts recorded."""
+    when the host drifted during it. Up to ``attempts`` runs; the last one stands, with its drifts recorded (one
+    attempt: no wait, no redo, the drifts only recorded)."""
     drift: dict[str, float] = {}
     for attempt in range(1, attempts + 1):
         drift["before"] = drift_at("before")
-        for _ in range(2):  # bounded wait for the host to come back
+        for _ in range(2 if attempts > 1 else 0):  # bounded wait for the host to come back
             if abs(drift["before"]) <= limit:
                 break
             print(f"[{label}] host {100 * drift['before']:+.0f} % off the probe's speed: waiting", file=sys.stderr,
