@@ -233,7 +233,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                                             use_tqdm=False)
                         tn = time.perf_counter() - t0
                         d = read_spec_counters(llm) - c0
-                        rounds.append({"first_token_s": t1, "wall_s": tn,
+                        rounds.append({"first_token_s": t1, "wall_s": tn, "decode_spans_s": _decode_spans_s(outs),
                                        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                                        "num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
                                        "num_accepted_tokens": d.num_accepted_tokens,
@@ -311,6 +311,26 @@ class Point:
 
 def _decode_s(row: dict) -> float:
     return statistics.median(r["wall_s"] - r["first_token_s"] for r in row["rounds"])
+
+
+def _decode_spans_s(outs) -> list[float] | None:
+    """Each request's first-to-last-token span on the engine core's clock (``RequestOutput.metrics``), or None
+    when the engine keeps no such stats: a request's own decode time, where the batch's wall time is its slowest
+    request's (a speculative batch drains: its sequences accept different numbers of drafts and finish apart)."""
+    spans = []
+    for o in outs:
+        m = getattr(o, "metrics", None)
+        first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
+        if not first or not last or last < first:
+            return None
+        spans.append(round(last - first, 6))
+    return spans
+
+
+def _request_decode_s(row: dict) -> float | None:
+    """Median over rounds of the mean request decode span (None for runs that did not record spans)."""
+    means = [statistics.fmean(r["decode_spans_s"]) for r in row["rounds"] if r.get("decode_spans_s")]
+    return statistics.median(means) if len(means) == len(row["rounds"]) else None
 
 
 def _wall_s(row: dict) -> float:
@@ -423,6 +443,7 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
     rows = measurement_rows(workdir)
     base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
     base_wall = {r["batch_size"]: _wall_s(r) for r in rows if r["engine"] == "baseline"}
+    base_request = {r["batch_size"]: _request_decode_s(r) for r in rows if r["engine"] == "baseline"}
     points: list[Point] = []
     for r in rows:
         if r["engine"] == "baseline" or r["batch_size"] not in base:
@@ -442,10 +463,14 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
         ans = predict(scen, gpu, target, None if copy else draft, cal, compare_methods=False).to_dict()
         sp = ans["speedup"]
+        extra = {"decision": ans["decision"], "break_even": ans.get("break_even_concurrency"),
+                 "decode_measured": base[r["batch_size"]] / _decode_s(r), "decode_predicted": sp["decode"]}
+        request = _request_decode_s(r)
+        if request and base_request.get(r["batch_size"]):  # per request, not the batch's slowest
+            extra["decode_per_request_measured"] = base_request[r["batch_size"]] / request
         points.append(Point(r["engine"], r["method"], k, a, r["batch_size"], base_wall[r["batch_size"]] / _wall_s(r),
                             sp["expected"], sp["low"], sp["high"], frac, (1 + acc / drafts) if drafts else None,
-                            {"decision": ans["decision"], "break_even": ans.get("break_even_concurrency"),
-                             "decode_measured": base[r["batch_size"]] / _decode_s(r), "decode_predicted": sp["decode"]}))
+                            extra))
     return points, results
 
 
@@ -499,8 +524,15 @@ def summarise(points: list[Point]) -> dict:
     errs = sorted(abs(p.error) for p in points)
     signs = sum((p.predicted > 1) == (p.measured > 1) for p in points)
     cover = sum(p.low <= p.measured <= p.high for p in points)
-    return {"points": len(points), "median_abs_error": errs[len(errs) // 2] if errs else None,
-            "sign_right": signs, "interval_coverage": cover / len(points) if points else None}
+    out = {"points": len(points), "median_abs_error": errs[len(errs) // 2] if errs else None,
+           "sign_right": signs, "interval_coverage": cover / len(points) if points else None}
+    per_request = [p.extra["decode_predicted"] / p.extra["decode_per_request_measured"] - 1 for p in points
+                   if p.extra.get("decode_per_request_measured")]
+    if per_request and len(per_request) == len(points):  # runs that recorded each request's decode span
+        decode = sorted(abs(p.extra["decode_predicted"] / p.extra["decode_measured"] - 1) for p in points)
+        out["decode"] = {"median_abs_error_batch": decode[len(decode) // 2],
+                         "median_abs_error_per_request": sorted(map(abs, per_request))[len(per_request) // 2]}
+    return out
 
 
 def format_table(points: list[Point]) -> str:
