@@ -183,8 +183,9 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, draf
 def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0) -> None:
     """Child process: one engine, every batch size; one JSON line per batch size to ``out``. ``held`` > 0: one of
     that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``."""
-    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, environment_info, event_stream,
-                                    held_engine_config, read_spec_counters, start_engine, stop_engine, synthetic_rates)
+    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, engine_decode_spans_s, environment_info,
+                                    event_stream, held_engine_config, read_spec_counters, start_engine, stop_engine,
+                                    synthetic_rates)
 
     import random
 
@@ -233,7 +234,10 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                                             use_tqdm=False)
                         tn = time.perf_counter() - t0
                         d = read_spec_counters(llm) - c0
-                        rounds.append({"first_token_s": t1, "wall_s": tn, "decode_spans_s": _decode_spans_s(outs),
+                        spans = engine_decode_spans_s(outs)  # each request's own decode time; the batch's wall
+                        # time is its slowest request's (a speculative batch drains: its sequences finish apart)
+                        rounds.append({"first_token_s": t1, "wall_s": tn,
+                                       "decode_spans_s": [round(x, 6) for x in spans] if spans else None,
                                        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                                        "num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
                                        "num_accepted_tokens": d.num_accepted_tokens,
@@ -311,20 +315,6 @@ class Point:
 
 def _decode_s(row: dict) -> float:
     return statistics.median(r["wall_s"] - r["first_token_s"] for r in row["rounds"])
-
-
-def _decode_spans_s(outs) -> list[float] | None:
-    """Each request's first-to-last-token span on the engine core's clock (``RequestOutput.metrics``), or None
-    when the engine keeps no such stats: a request's own decode time, where the batch's wall time is its slowest
-    request's (a speculative batch drains: its sequences accept different numbers of drafts and finish apart)."""
-    spans = []
-    for o in outs:
-        m = getattr(o, "metrics", None)
-        first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
-        if not first or not last or last < first:
-            return None
-        spans.append(round(last - first, 6))
-    return spans
 
 
 def _request_decode_s(row: dict) -> float | None:

@@ -742,8 +742,8 @@ def measure_memory(llm, label: str, startup_s: float, has_drafter: bool, engine:
     )
 
 
-def _engine_decode_s(outs) -> float | None:
-    """Mean seconds from the first to the last token of each request, on the engine core's clock (vLLM's
+def engine_decode_spans_s(outs) -> list[float] | None:
+    """Seconds from the first to the last token of each request, on the engine core's clock (vLLM's
     ``RequestOutput.metrics``: ``first_token_ts`` is stamped when the prefill step's output leaves the engine core,
     ``last_token_ts`` at the last step's): decode steps only, without the prefill, request set-up or the
     front end's output handling. None when the engine does not keep these stats."""
@@ -754,6 +754,12 @@ def _engine_decode_s(outs) -> float | None:
         if not first or not last or last < first:
             return None
         spans.append(last - first)
+    return spans
+
+
+def _engine_decode_s(outs) -> float | None:
+    """The mean of :func:`engine_decode_spans_s` (None without the stats)."""
+    spans = engine_decode_spans_s(outs)
     return statistics.fmean(spans) if spans else None
 
 
