@@ -34,7 +34,7 @@ def test_run_c_reanalysed_gives_the_documented_table():
     assert knee.measured_ms["ttft_p90"] == pytest.approx(667, abs=0.5)
     assert knee.errors["ttft_p90"] == pytest.approx(0.095, abs=0.005)
     assert rows[("ngram", 1.0)].rate == pytest.approx(3.755, abs=1e-3)
-    assert rows[("ngram", 0.3)].errors["tpot_p50"] == pytest.approx(-0.306, abs=0.005)
+    assert rows[("ngram", 0.3)].errors["tpot_p50"] == pytest.approx(-0.301, abs=0.005)
     front = result.calibration["frontend"]["baseline"]
     # c = 1 and c = 16 only: the least-squares line through +3.9 and −3.0 ms, non-negative
     assert front["frontend_s_per_step"] == pytest.approx(0.00047, abs=2e-5)
@@ -64,15 +64,21 @@ def test_run_d_reanalysed_gives_the_documented_table():
 
 
 def test_run_e_on_a_steady_host_comes_within_15_percent_but_at_the_knee():
-    """Run E (2026-12-01 16:55-17:15, the host-speed guard's first run): the host stayed within 5 % of the serving
-    probe's speed before and after every rate (at most 5.5 %), and 22 of 24 percentiles come within 15 % -- every TPOT, and every
-    TTFT but the n-gram runs' at 0.7x (p90 +20 %) and 1.0x (p50 +145 %, the knee)."""
+    """Run E (2026-12-01 16:55-17:15, the host-speed guard's first run): the host stayed within 5.5 % of the serving
+    probe's speed before and after every rate, and 22 of 24 percentiles come within 15 % -- every TPOT, and every
+    TTFT but the n-gram runs' at 0.7x (p90 +17 %) and 1.0x (p50 +138 %, the knee). With n-gram the simulation
+    draws each request's accepted drafts: one draw of 120 requests put the 0.7x TTFT p90 anywhere from +9 to +26 %
+    (eight seeds; the first +19.8 %), so eight draws are pooled."""
     result, rows, within = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30)
     assert result.cells == 24 and within == {"baseline": 12, "ngram": 10}
     assert all(abs(d) < 0.06 for r in result.rows for d in r.host_drift.values())
     misses = {(r.mode, round(r.load, 1), k) for r in result.rows for k, e in r.errors.items() if abs(e) > 0.15}
     assert misses == {("ngram", 0.7, "ttft_p90"), ("ngram", 1.0, "ttft_p50")}
-    assert all(abs(e) <= 0.07 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
+    assert all(abs(e) <= 0.08 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
+    assert rows[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.167, abs=0.005)
+    _, one, _ = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30, "--replicates", "1")
+    assert one[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.198, abs=0.005)
+    assert one[("baseline", 1.0)].simulated_ms == rows[("baseline", 1.0)].simulated_ms  # nothing drawn
 
 
 def test_host_guard_waits_for_the_host_and_redoes_a_run_it_drifted_during(monkeypatch):
