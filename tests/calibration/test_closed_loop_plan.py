@@ -52,3 +52,23 @@ def test_stored_run_reanalysed_gives_the_documented_figures():
     assert round(100 * closed_loop.median_abs_error(results), 1) == 6.8
     assert sum(r.predicted_low <= r.measured_speedup <= r.predicted_high for r in results) == 9
     assert [r.name for r in results if (r.predicted_speedup > 1) != (r.measured_speedup > 1)] == ["json-b3"]
+
+
+def test_run_on_an_amx_host_meets_every_cpu_target():
+    """The same plan and workloads on another host class (2026-12-01 17:56, an Intel Xeon with AMX; the catalog's
+    CPU-2core row describes an AMD EPYC, so the prefill fit is POOR there): median 7.2 %, sign 9/9, interval 8/9
+    (rag-b6, measured 1.60x above 1.46x). json-b3's sign is right by a hair: predicted 1.02x (0.96x on the earlier
+    host), measured 1.23x -- its held-out prompts still draft on 44 % of steps against 22 % on the probe set."""
+    import json
+
+    from tests.conftest import REPO
+
+    data = REPO / "benchmarks" / "data"
+    load = lambda name: [json.loads(x) for x in (data / name).read_text().splitlines() if x.strip()]  # noqa: E731
+    results, _ = closed_loop.compare(closed_loop.workloads(), load("closed_loop_2026-12-01-amx-measurements.jsonl"),
+                                     load("closed_loop_2026-12-01-amx-records.jsonl"))
+    assert len(results) == 9 and round(100 * closed_loop.median_abs_error(results), 1) == 7.2
+    assert all((r.predicted_speedup > 1) == (r.measured_speedup > 1) for r in results)
+    assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == ["rag-b6"]
+    json_b3 = next(r for r in results if r.name == "json-b3")
+    assert 1.0 < json_b3.predicted_speedup < 1.05 and json_b3.measured_speedup > 1.2
