@@ -1239,8 +1239,10 @@ def engine_memory_estimate_bytes(item: EnginePlan, cfg: ProbeConfig) -> int:
         params += int(c.get("vocab_size", 0)) * h * (1 if c.get("tie_word_embeddings") else 2)
         return 2 * params
 
+    from advisor.costmodel.speculation import MODEL_DRAFTERS  # (not at import: the parent stays light)
+
     spec = item.speculative_config or {}
-    draft = spec.get("model") if spec.get("method") in ("draft_model", "eagle", "eagle3", "mtp") else None
+    draft = spec.get("model") if spec.get("method") in MODEL_DRAFTERS else None
     tp = max(1, cfg.tensor_parallel_size)
     kv = int((cfg.kv_cache_memory_gib or 0) * 2**30)
     return (weights(item.model) + weights(draft)) // tp + kv + 5 * 2**30
