@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask, redirect
+if TYPE_CHECKING:  # Flask is imported where an app is made: the cost model (advisor.costmodel) and the GPU
+    from flask import Flask  # probes that use it run where Flask is not installed
 
 __all__ = ["create_app"]
 
@@ -13,8 +14,10 @@ log = logging.getLogger(__name__)
 
 
 def create_app(overrides: dict[str, Any] | None = None) -> Flask:
-    from .config import Config, engine_options
+    from flask import Flask
     from flask_smorest import Api
+
+    from .config import Config, engine_options
 
     from .errors import ErrorSchema, JSONProvider, register_error_handlers
     from .extensions import db
@@ -104,7 +107,7 @@ def _prepare_database(app: Flask) -> None:
 
 
 def _register_pages(app: Flask) -> None:
-    from flask import send_from_directory
+    from flask import redirect, send_from_directory
     from swagger_ui_bundle import swagger_ui_path
 
     @app.get("/")

@@ -372,3 +372,33 @@ def test_memory_probe_records_how_vllm_schedules_the_engine():
     old = llm(None)
     del old.llm_engine.vllm_config.scheduler_config
     assert probes.measure_memory(old, "target", 1.0, False, {}, {}).async_scheduling is None
+
+
+def test_the_probe_parent_runs_where_only_vllm_is_installed(tmp_path):
+    """A GPU node may have vLLM and not the web stack (the lent H200's bundle has no Flask): the probe runner and
+    the cost-model constants it reads import nothing of Flask, SQLAlchemy or marshmallow. A calibration there
+    failed at setup with "No module named 'flask'" once the start groups' memory estimate read
+    advisor.costmodel.speculation, whose package imported Flask."""
+    import subprocess
+    import sys
+
+    from benchmarks.gpu_closed_loop import DRAFT, TARGET, catalog_row
+    from calibration.models import write_shape
+
+    target = write_shape(catalog_row(TARGET), tmp_path / "t")
+    draft = write_shape(catalog_row(DRAFT), tmp_path / "d")
+    code = f"""
+import sys
+class WebStackAbsent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {{'flask', 'flask_smorest', 'werkzeug', 'sqlalchemy', 'marshmallow', 'alembic'}}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, WebStackAbsent())
+from benchmarks.gpu_closed_loop import gpu_probe_config
+from calibration.probes import plan_engines, start_groups
+cfg = gpu_probe_config({str(target)!r}, {str(draft)!r}).resolved(on_gpu=True)
+print([len(g) for g in start_groups(plan_engines(cfg), cfg, 139 * 2**30)])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[4]"
