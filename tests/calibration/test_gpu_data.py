@@ -391,6 +391,42 @@ def test_run7_calibrates_a_fresh_node_within_180_s_and_meets_the_targets(tmp_pat
     capsys.readouterr()
 
 
+RUN8, RUN8B = RUN.parent / "h200-vllm0.24-run8", RUN.parent / "h200-vllm0.24-run8-second"
+
+
+def test_run8_current_code_on_a_fresh_node(tmp_path, capsys):
+    """Run 8 (2026-12-01 evening, a fresh lease, the code of bb24a64): the product plan calibrates a fresh node in
+    169 s, but the closed loop misses the median target (14.7 %) with three n-gram signs wrong. This lease's
+    verify engine (synchronous scheduling, as n-gram's) timed its small-batch verify steps up to 2.6x run 7's with
+    a tight repeat spread, while the target's plain steps agreed within 3 %; the n-gram engines of the measurement
+    ran their B = 1 cycles as fast as run 7's. Its draft-model points ran about 2x slower than other leases'."""
+    info = json.loads((RUN8 / "calibration-run.json").read_text())
+    assert info["status"] == "succeeded" and info["wall_s"] <= 180 and info["environment"]["gpu_name"] == "NVIDIA H200"
+
+    def step_ms(run, label, batch, q):
+        return [1e3 * r["values"]["step_s"] for r in gcl.calibration_records(run)
+                if r["probe"] == "step_time" and r["params"]["engine"]["label"] == label
+                and r["values"]["batch_size"] == batch and r["values"]["q"] == q
+                and r["values"].get("temperature", 0) == 0][0]
+
+    assert step_ms(RUN8, "target", 1, 1) == pytest.approx(step_ms(RUN7, "target", 1, 1), rel=0.03)
+    assert step_ms(RUN8, "verify-k5", 1, 4) > 2.5 * step_ms(RUN7, "verify-k5", 1, 4)
+    for name, calibration in (("closed-loop-result.json", None), ("closed-loop-result-second-calibration.json", RUN8B)):
+        out = tmp_path / name
+        gcl.analyze(RUN8, out, calibration)
+        got = json.loads(out.read_text())
+        assert _same(got["summary"], json.loads((RUN8 / name).read_text())["summary"])
+        assert got["summary"]["median_abs_error"] > 0.10 and got["summary"]["sign_right"] == 33
+        miss = {(p["engine"], p["batch_size"]) for p in got["points"] if (p["measured"] > 1) != (p["predicted"] > 1)}
+        assert miss == {("ngram-k3-a0.5", 1), ("ngram-k3-a0.5", 4), ("ngram-k3-a0.8", 128)}
+    first = {(p["engine"], p["batch_size"]): p["measured"] for p in json.loads((RUN / "closed-loop-result.json")
+                                                                                .read_text())["points"]}
+    slow = [p["measured"] / first[p["engine"], p["batch_size"]] for p in got["points"]
+            if p["engine"].startswith("draft_model")]
+    assert statistics.median(slow) < 0.65  # the draft model's host-bound cycle: about 2x slower on this lease
+    capsys.readouterr()
+
+
 def test_draft_model_cycle_follows_the_host_cpu():
     """benchmarks/draft_host.py on the H200: a 0.24 draft-model cycle (no CUDA graphs) slows ~1.5x when the host's
     other cores are busy, at the same GPU clock; the garbage collector is not what makes it vary."""
