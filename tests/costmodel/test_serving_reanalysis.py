@@ -81,6 +81,37 @@ def test_run_e_on_a_steady_host_comes_within_15_percent_but_at_the_knee():
     assert one[("baseline", 1.0)].simulated_ms == rows[("baseline", 1.0)].simulated_ms  # nothing drawn
 
 
+def test_run_e_knee_ttft_moves_tens_of_points_per_percent_of_service_speed():
+    """docs/planner.md, "How sensitive the knee is": Run E simulated with every fitted time 1 % faster or slower.
+    At 1.0x the TTFT p50 moves by 30-90 points per per cent in both modes; the TPOTs by about one."""
+    from benchmarks.ngram_cost import slower_rows
+
+    run = REPO / "benchmarks/data/serving-run-e"
+    by = {f: {(r.mode, round(r.load, 1)): r.errors for r in slower_rows(run, f)} for f in (0.99, 1.0, 1.01)}
+    for mode in ("baseline", "ngram"):
+        p50 = [by[f][(mode, 1.0)]["ttft_p50"] for f in (0.99, 1.0, 1.01)]
+        assert p50[0] < p50[1] < p50[2] and min(p50[1] - p50[0], p50[2] - p50[1]) > 0.3
+    assert by[1.0][("ngram", 1.0)]["ttft_p50"] == pytest.approx(1.381, abs=0.01)  # Run E's table
+    for f in (0.99, 1.01):
+        for key, errors in by[f].items():
+            for k in ("tpot_p50", "tpot_p90"):
+                assert abs(errors[k] - by[1.0][key][k]) < 0.02
+
+
+def test_run_f_saturated_with_ngram_within_10_percent_on_an_unsteady_host():
+    """Run F (2026-12-01 evening): a fourth rate at 1.5x the capacity, on a host ~35 % slower than Run E's and
+    unsteady (three rates redone). Saturated, the n-gram server's four percentiles come within 10 %; the saturated
+    baseline run was served ~19 % faster than the 1.0x run before it, and the simulation misses it."""
+    result, rows, within = reanalyse("serving-run-f", "--acceptance-records", ACCEPTANCE_30)
+    assert result.cells == 32 and sum(within.values()) == 27
+    assert all(abs(e) < 0.10 for e in rows[("ngram", 1.5)].errors.values())
+    assert rows[("ngram", 1.5)].measured_ms["ttft_p50"] > 5000  # a queue that grows through the run
+    sat, knee = rows[("baseline", 1.5)], rows[("baseline", 1.0)]
+    assert sat.measured_ms["tpot_p50"] < 0.85 * knee.measured_ms["tpot_p50"]
+    assert sat.errors["tpot_p50"] == pytest.approx(0.248, abs=0.005)
+    assert rows[("baseline", 0.7)].host_drift["after"] < -0.2  # the drift behind its -82 % TTFT p90
+
+
 def test_host_guard_waits_for_the_host_and_redoes_a_run_it_drifted_during(monkeypatch):
     """benchmarks/serving.py's host-speed guard: a c = 1 reference before a rate waits (bounded) while the host runs
     off the probe's speed; one after it redoes the rate when the host drifted during it; the last run stands."""
