@@ -183,7 +183,10 @@ class ScenarioSchema(StrictSchema):
                                metadata={"description": "Tensor-parallel GPUs per replica."})
     target_model = fields.String(required=True, validate=validate.Length(min=1, max=96))
     weights_dtype = fields.String(load_default="bf16", validate=validate.OneOf(WEIGHTS_DTYPES))
-    speculator = fields.Nested(SpeculatorSchema, required=True)
+    speculator = fields.Nested(SpeculatorSchema, metadata={
+        "description": "The speculation to assess. Absent: the advisor answers each candidate that fits the target "
+                       "(n-gram, the catalog's heads and small drafters of its tokenizer) and returns the best, with "
+                       "every candidate's verdict under answer.speculator_choice."})
     workload = fields.Nested(WorkloadSchema, required=True)
     acceptance = fields.Nested(AcceptanceSchema, allow_none=True)
     gpu_hour_usd = fields.Float(validate=_positive(10_000), allow_none=True,
@@ -205,6 +208,9 @@ class ScenarioSchema(StrictSchema):
     def _acceptance_fits_k(self, data: dict, **_: object) -> None:
         k = (data.get("speculator") or {}).get("num_speculative_tokens")
         acceptance = data.get("acceptance") or {}
+        if not data.get("speculator") and any(v is not None for v in acceptance.values()):
+            raise ValidationError("acceptance is given, and it describes one speculator's drafts: name that "
+                                  "speculator.", "speculator")
         al = acceptance.get("mean_acceptance_length")
         if k and al and al > k + 1 + 1e-9:
             raise ValidationError({"mean_acceptance_length": [f"AL {al} exceeds k+1 = {k + 1}."]}, "acceptance")
@@ -236,6 +242,8 @@ class AnswerSchema(Schema):
                   "full length), deployable (target + drafter + one sequence fit).")
     curve = fields.List(fields.Dict(), metadata={"description": "Speedup over concurrency with interval and best k."})
     break_even_concurrency = fields.Float(allow_none=True)
+    speculator_choice = _obj("{chosen, candidates: [{method, draft_model, num_speculative_tokens, decision, expected, "
+                             "low, high}], rule}: present when the scenario named no speculator.")
     dynamic_sd = fields.List(fields.List(fields.Integer()),
                              metadata={"description": "vLLM num_speculative_tokens_per_batch_size [[lo, hi, k]]."})
     methods = fields.List(fields.Dict(), metadata={"description": "The applicable methods compared."})

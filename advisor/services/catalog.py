@@ -111,6 +111,30 @@ def engine_profiles() -> tuple[costmodel.MeasuredEngineProfile, ...]:
     return tuple(costmodel.MeasuredEngineProfile.from_dict(p) for p in json.loads(path.read_text())["items"])
 
 
+HEAD_METHODS = {"eagle_head": "eagle", "eagle3_head": "eagle3", "mtp_head": "mtp"}
+MIN_DRAFT_RATIO = 5.0  # a causal-LM drafter at least this much smaller than the target (checks.py: usual 10-50×)
+MAX_DEFAULT_DRAFTERS = 3
+
+
+def speculator_candidates(target: costmodel.ModelSpec) -> list[dict[str, Any]]:
+    """What a plan or a recommendation tries when none is named: n-gram, then the catalog drafters that share the
+    target's tokenizer, heads first, then small causal LMs (the largest first: it accepts most)."""
+    heads, lms = [], []
+    for row in list_models():
+        spec = model_spec(row)
+        if spec.name == target.name:
+            continue
+        method = HEAD_METHODS.get(spec.kind) or ("draft_model" if spec.kind == "causal_lm" else None)
+        if method is None or any(i.severity == "error" for i in costmodel.check_draft(target, spec, method)):
+            continue
+        if spec.kind != "causal_lm":
+            heads.append({"method": method, "draft_model": spec.name})
+        elif target.param_count / max(spec.param_count, 1) >= MIN_DRAFT_RATIO:
+            lms.append((spec.param_count, {"method": method, "draft_model": spec.name}))
+    lms.sort(key=lambda x: -x[0])
+    return [{"method": "ngram"}] + (heads + [d for _, d in lms])[:MAX_DEFAULT_DRAFTERS]
+
+
 def _spec(cls: type, row: Any) -> Any:
     """The cost model's spec of a catalog row; a cached snapshot (never changed) keeps its spec, built once."""
     snapshot = isinstance(row, SimpleNamespace)

@@ -16,10 +16,7 @@ from ..extensions import db
 from ..models import Plan
 from . import calibrations, catalog
 
-HEAD_METHODS = {"eagle_head": "eagle", "eagle3_head": "eagle3", "mtp_head": "mtp"}
 DEFAULT_K_REF = {"draft_model": 4, "eagle": 3, "eagle3": 3, "ngram": 4, "suffix": 4, "mtp": 1}
-MIN_DRAFT_RATIO = 5.0  # a causal-LM drafter at least this much smaller than the target (checks.py: usual 10-50×)
-MAX_DEFAULT_DRAFTERS = 3
 
 
 # --------------------------------------------------------------------------------------------- building the input
@@ -56,28 +53,10 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
     return offers, sources
 
 
-def _default_speculators(target: costmodel.ModelSpec) -> list[dict[str, Any]]:
-    """n-gram, then the catalog drafters that share the target's tokenizer: heads first, then small causal LMs."""
-    heads, lms = [], []
-    for row in catalog.list_models():
-        spec = catalog.model_spec(row)
-        if spec.name == target.name:
-            continue
-        method = HEAD_METHODS.get(spec.kind) or ("draft_model" if spec.kind == "causal_lm" else None)
-        if method is None or any(i.severity == "error" for i in check_draft(target, spec, method)):
-            continue
-        if spec.kind != "causal_lm":
-            heads.append({"method": method, "draft_model": spec.name})
-        elif target.param_count / max(spec.param_count, 1) >= MIN_DRAFT_RATIO:
-            lms.append((spec.param_count, {"method": method, "draft_model": spec.name}))
-    lms.sort(key=lambda x: -x[0])  # the largest drafter that is small enough accepts most
-    return [{"method": "ngram"}] + (heads + [d for _, d in lms])[:MAX_DEFAULT_DRAFTERS]
-
-
 def _speculators(data: dict[str, Any], target: costmodel.ModelSpec, offers: list[GpuOffer],
                  sources: dict[str, str]) -> list[SpeculatorCandidate]:
     given = data.get("speculators")
-    items = given if given else _default_speculators(target)
+    items = given if given else catalog.speculator_candidates(target)
     structure = data["workload"]["structure"]
     cals = [c for c in (calibrations.calibration_for(o.gpu.name, target.name) for o in offers) if c is not None]
     out = []

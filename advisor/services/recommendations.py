@@ -49,8 +49,14 @@ class Answer(NamedTuple):
     text: str  # ``data`` as strict JSON text (no NaN or ±Infinity), encoded once by the cost model
 
 
+_DECISION_RANK = {"go": 2, "calibrate": 1, "no-go": 0}
+
+
 def predict(data: dict[str, Any]) -> Answer:
-    """Compute (without storing) the answer for a validated scenario dict."""
+    """Compute (without storing) the answer for a validated scenario dict. Without a speculator the advisor tries
+    the candidates that fit the target (:func:`best_speculator`), and ``data`` gets the one it chose."""
+    if not data.get("speculator"):
+        return best_speculator(data)
     scenario = scenario_from_dict(data)
     gpu_row = catalog.require_gpu(scenario.gpu)
     target_row = catalog.require_model(scenario.target_model, "target_model")
@@ -74,6 +80,42 @@ def predict(data: dict[str, Any]) -> Answer:
         raise field_error(getattr(exc, "field", None) or "_schema", getattr(exc, "message", None) or str(exc)) from None
     answer = prediction.to_dict()
     return Answer(answer, answer.get("calibration_run_id"), prediction.json_text)
+
+
+def best_speculator(data: dict[str, Any]) -> Answer:
+    """A scenario that names no speculator: each candidate of :func:`catalog.speculator_candidates` (n-gram, the
+    target's heads, small drafters of its tokenizer) answered as if named, at the k the advisor picks; the answer is
+    the best one's -- by decision (go, calibrate, no-go), then the speedup's lower bound, then its expectation --
+    with every candidate's verdict under ``speculator_choice``. ``data["speculator"]`` is set to the choice, so the
+    stored scenario reproduces the answer when sent again."""
+    target = catalog.model_spec(catalog.require_model(data["target_model"], "target_model"))
+    tried: list[tuple[dict[str, Any], Answer]] = []
+    for candidate in catalog.speculator_candidates(target):
+        try:
+            tried.append((candidate, predict({**data, "speculator": candidate})))
+        except ApiError:  # a candidate this deployment cannot run: the others still answer
+            continue
+    if not tried:
+        raise field_error("speculator", "no speculator in the catalog fits this target: name one")
+
+    def rank(item: tuple[dict[str, Any], Answer]) -> tuple[int, float, float]:
+        speedup = item[1].data.get("speedup") or {}
+        return (_DECISION_RANK.get(item[1].data.get("decision"), 0), speedup.get("low") or 0.0,
+                speedup.get("expected") or 0.0)
+
+    chosen, best = max(tried, key=rank)  # max keeps the first of equals: the candidates' order breaks ties
+    data["speculator"] = chosen
+    rows = [{**candidate, "num_speculative_tokens": answer.data.get("num_speculative_tokens"),
+             "decision": answer.data.get("decision"),
+             **{k: (answer.data.get("speedup") or {}).get(k) for k in ("expected", "low", "high")}}
+            for candidate, answer in tried]
+    answer = {**best.data,
+              "speculator_choice": {"chosen": chosen, "candidates": rows,
+                                    "rule": "decision (go, calibrate, no-go), then the speedup's lower bound, then "
+                                            "its expectation"},
+              "provenance": {**best.data.get("provenance", {}),
+                             "speculator": f"advisor: the best of {len(rows)} candidates (speculator_choice)"}}
+    return Answer(answer, best.calibration_run_id, costmodel.finite_json(answer))
 
 
 def summary_columns(scenario: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,47 @@ def test_example_request_returns_a_stored_answer(app, client):
         assert row.decision == answer["decision"]
 
 
+def test_without_a_speculator_the_advisor_answers_with_the_best_candidate(client):
+    """No speculator named: every candidate that fits the target is answered as if named, and the answer is the
+    best one's (decision, then the speedup's lower bound, then its expectation), stored with the choice, so the
+    stored scenario gives the same answer when sent again."""
+    body = example_scenario(gpu="H200-SXM", vllm_version="0.24",
+                            workload={"prompt_tokens": 2048, "output_tokens": 512, "temperature": 0.7,
+                                      "structure": "code", "concurrency": 32})
+    del body["speculator"], body["acceptance"]
+    response = post(client, body)
+    assert response.status_code == 201, response.get_json()
+    answer = response.get_json()
+    choice = answer["speculator_choice"]
+    candidates = {(c["method"], c.get("draft_model")) for c in choice["candidates"]}
+    assert {("ngram", None), ("eagle", "eagle-llama-3.1-8b"), ("eagle3", "eagle3-llama-3.1-8b"),
+            ("draft_model", "llama-3.2-1b-instruct")} <= candidates
+    rank = {"go": 2, "calibrate": 1, "no-go": 0}
+    best = max(choice["candidates"], key=lambda c: (rank[c["decision"]], c["low"], c["expected"]))
+    assert choice["chosen"] == {k: v for k, v in best.items() if k in ("method", "draft_model")}
+    assert answer["scenario"]["speculator"] == choice["chosen"]
+    assert (answer["decision"], answer["speedup"]["low"]) == (best["decision"], best["low"])
+    assert answer["provenance"]["speculator"].startswith("advisor: the best of")
+    # the H200 x vLLM 0.24 profile: the separate draft model loses there (no CUDA graphs, no async scheduling)
+    assert next(c for c in choice["candidates"] if c["method"] == "draft_model")["decision"] == "no-go"
+    assert client.get(f"/v1/recommendations/{answer['id']}").get_json() == answer
+    named = post(client, answer["scenario"]).get_json()
+    assert named["speedup"] == answer["speedup"] and "speculator_choice" not in named
+    for candidate in choice["candidates"]:  # each row is what naming that candidate answers
+        one = post(client, {**body, "speculator": {k: v for k, v in candidate.items()
+                                                   if k in ("method", "draft_model")}}).get_json()
+        assert (one["decision"], one["speedup"]["low"], one["num_speculative_tokens"]) == \
+            (candidate["decision"], candidate["low"], candidate["num_speculative_tokens"])
+
+
+def test_acceptance_without_a_speculator_is_a_422_naming_the_speculator(client):
+    body = example_scenario()
+    del body["speculator"]
+    response = post(client, body)
+    assert response.status_code == 422
+    assert "name that speculator" in response.get_json()["error"]["fields"]["speculator"][0]
+
+
 def test_recommendations_are_immutable(app, client):
     rec_id = post(client, example_scenario()).get_json()["id"]
     from advisor.extensions import db

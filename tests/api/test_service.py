@@ -22,7 +22,9 @@ def test_openapi_is_generated_from_the_schemas(client):
                  "/v1/gpus", "/v1/models", "/v1/models/import", "/v1/calibrations", "/v1/calibrations/{run_id}"):
         assert path in spec["paths"], path
     scenario = spec["components"]["schemas"]["Scenario"]
-    assert {"gpu", "target_model", "speculator", "workload"} <= set(scenario["required"])
+    assert {"gpu", "target_model", "workload"} <= set(scenario["required"])
+    assert "speculator" not in scenario["required"]  # absent: the advisor tries the candidates (speculator_choice)
+    assert "speculator_choice" in spec["components"]["schemas"]["Recommendation"]["properties"]
     docs = client.get("/v1/docs")
     assert "text/html" in docs.content_type and b"/v1/swagger-ui/swagger-ui-bundle.js" in docs.data
     assert client.get("/v1/swagger-ui/swagger-ui-bundle.js").status_code == 200  # served locally, no CDN
