@@ -233,6 +233,8 @@ def recommendation_plots(rec: dict[str, Any]) -> list[tuple[str, Markup]]:
 def recommendation_page(rec: dict[str, Any]) -> str:
     text, css = verdict(rec.get("decision"))
     columns, method_rows = _methods_table(rec.get("methods"))
+    choice = rec.get("speculator_choice") if isinstance(rec.get("speculator_choice"), dict) else {}
+    choice_columns, choice_rows = _methods_table(choice.get("candidates"))
     return _ENV.get_template("recommendation.html").render(
         rec=rec,
         title=title_of(rec),
@@ -247,6 +249,9 @@ def recommendation_page(rec: dict[str, Any]) -> str:
         vllm=_vllm(rec),
         method_columns=columns,
         method_rows=method_rows,
+        choice_columns=choice_columns,
+        choice_rows=choice_rows,
+        choice_rule=fmt(choice.get("rule")) if choice else "",
         provenance=provenance_rows(rec),
         acceptance=rec.get("acceptance") or {},
     )

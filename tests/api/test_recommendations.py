@@ -65,6 +65,8 @@ def test_without_a_speculator_the_advisor_answers_with_the_best_candidate(client
     # the H200 x vLLM 0.24 profile: the separate draft model loses there (no CUDA graphs, no async scheduling)
     assert next(c for c in choice["candidates"] if c["method"] == "draft_model")["decision"] == "no-go"
     assert client.get(f"/v1/recommendations/{answer['id']}").get_json() == answer
+    page = client.get(f"/v1/recommendations/{answer['id']}/report").get_data(as_text=True)
+    assert 'id="speculator-choice"' in page and "eagle3-llama-3.1-8b" in page and "llama-3.2-1b-instruct" in page
     named = post(client, answer["scenario"]).get_json()
     assert named["speedup"] == answer["speedup"] and "speculator_choice" not in named
     for candidate in choice["candidates"]:  # each row is what naming that candidate answers
