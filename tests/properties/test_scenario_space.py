@@ -230,3 +230,32 @@ def test_the_cli_and_the_api_give_the_same_answer(app, client, tmp_path_factory,
     for key in ("id", "created_at", "workload_id", "scenario"):
         api_answer.pop(key)
     assert api_answer == json.loads(json.dumps(cli_answer))
+
+
+@settings(RUNS, max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(scenarios())
+def test_without_a_speculator_no_candidate_outranks_the_choice(client, sc):
+    """Over the scenario space, a body without speculator and acceptance answers with the candidate no other beats
+    (decision, then lower bound, then expectation), or is refused naming fields; the chosen candidate named gives
+    the same answer but for the choice's own entries."""
+    body = {k: v for k, v in as_request(sc).items() if k not in ("speculator", "acceptance")}
+    response = client.post("/v1/recommendations", json=body)
+    answer = response.get_json()
+    if response.status_code == 422:
+        assert answer["error"]["fields"]
+        return
+    assert response.status_code == 201, answer
+    rank = {"go": 2, "calibrate": 1, "no-go": 0}
+
+    def key(row):
+        return rank[row["decision"]], row["low"] or 0.0, row["expected"] or 0.0
+
+    rows = answer["speculator_choice"]["candidates"]
+    chosen = next(r for r in rows if {k: v for k, v in r.items() if k in ("method", "draft_model")}
+                  == answer["speculator_choice"]["chosen"])
+    assert all(key(r) <= key(chosen) for r in rows)
+    named = client.post("/v1/recommendations", json={**body, "speculator": answer["scenario"]["speculator"]})
+    assert named.status_code == 201
+    strip = ("id", "created_at", "workload_id", "scenario", "speculator_choice", "provenance")
+    assert {k: v for k, v in named.get_json().items() if k not in strip} == \
+        {k: v for k, v in answer.items() if k not in strip}
