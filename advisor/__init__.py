@@ -18,7 +18,6 @@ def create_app(overrides: dict[str, Any] | None = None) -> Flask:
     from flask_smorest import Api
 
     from .config import Config, engine_options
-
     from .errors import ErrorSchema, JSONProvider, register_error_handlers
     from .extensions import db
 
