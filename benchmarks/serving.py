@@ -126,13 +126,17 @@ def cpu_lock(path: str | None, label: str):
 
 
 # --------------------------------------------------------------------------------------------- calibration
-def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int) -> list[dict]:
-    """The product's probe runner (``python -m calibration.probes``) for what the simulation needs."""
+def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int,
+                  speculative: bool = True) -> list[dict]:
+    """The product's probe runner (``python -m calibration.probes``) for what the simulation needs: without
+    speculation (``speculative=False``) the target's steps, prefill and KV capacity only, no verify, n-gram cycle or
+    acceptance engine."""
     out = workdir / "probes.json"
-    cmd = [python, "-m", "calibration.probes", "--model", model, "--probes", "memory,timing,acceptance",
-           "--drafter", f"ngram:{K}", "--structures", STRUCTURE, "--temperatures", "0",
-           "--batch-sizes", "1,2,4,8,12,16", "--verify-ks", str(K), "--prompt-lengths", "64,256,1024",
-           "--prompts-per-probe", "12", "--max-tokens", "96", "--kv-cache-space-gib", str(kv_gib), "-o", str(out)]
+    spec = (["--probes", "memory,timing,acceptance", "--drafter", f"ngram:{K}", "--structures", STRUCTURE,
+             "--temperatures", "0", "--verify-ks", str(K), "--prompts-per-probe", "12", "--max-tokens", "96"]
+            if speculative else ["--probes", "memory,timing", "--drafter", "none", "--verify-ks", ""])
+    cmd = [python, "-m", "calibration.probes", "--model", model, *spec, "--batch-sizes", "1,2,4,8,12,16",
+           "--prompt-lengths", "64,256,1024", "--kv-cache-space-gib", str(kv_gib), "-o", str(out)]
     with log.open("a") as lf:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), stdout=lf, stderr=subprocess.STDOUT).returncode
     if rc != 0:
@@ -640,7 +644,8 @@ def run(args: argparse.Namespace) -> ServingResult:
     else:
         model = args.model or str(prepare_smollm2())
         with cpu_lock(args.cpu_lock, "calibrate"):
-            records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib)
+            records = probe_records(sys.executable, model, workdir, workdir / "engines.log", args.kv_cache_space_gib,
+                                    speculative="ngram" in args.modes.split(","))
         records_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     if args.acceptance_records:  # acceptance measured apart (e.g. on every prompt the benchmark serves)
         records = [r for r in records if r.get("probe") != "acceptance"] + read_jsonl(Path(args.acceptance_records))

@@ -1493,7 +1493,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Run calibration probes through vLLM and write JSON.")
     p.add_argument("--model", default=None, help="target checkpoint (default: cached SmolLM2-135M-Instruct)")
     p.add_argument("--probes", default="memory,timing,acceptance")
-    p.add_argument("--drafter", action="append", default=None, help="ngram:K | self:K | draft_model:PATH:K")
+    p.add_argument("--drafter", action="append", default=None,
+                   help="ngram:K | self:K | draft_model:PATH:K | none (the target alone: no drafter engine)")
     p.add_argument("--structures", default=",".join(STRUCTURES))
     p.add_argument("--temperatures", default="0,0.7,1.0")
     p.add_argument("--batch-sizes", default="1,2,4,8")
@@ -1527,7 +1528,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ProbeConfig(
         model=args.model,
         probes=tuple(x for x in args.probes.split(",") if x),
-        drafters=tuple(_parse_drafter(d) for d in (args.drafter or ["ngram:4"])),
+        drafters=tuple(_parse_drafter(d) for d in (args.drafter or ["ngram:4"]) if d != "none"),
         structures=tuple(x for x in args.structures.split(",") if x),
         temperatures=floats(args.temperatures),
         batch_sizes=ints(args.batch_sizes),

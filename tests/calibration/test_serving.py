@@ -2,7 +2,8 @@
 
 The full validation (three rates, with and without n-gram speculation, a fresh calibration) is
 `benchmarks/serving.py`; its table is in docs/planner.md. Here: the benchmark's own calibration on this host (the
-product's probes, ~2 min), the closed-loop serving probe (the front end's cost on the shared cores), one light rate,
+product's probes of the target alone -- steps, prefill, KV capacity: no verify, n-gram or acceptance engine, which a
+server without speculation does not need; 2-5 min), the closed-loop serving probe (the front end's cost on the shared cores), one light rate,
 the server without speculation, and the simulation fed with the run's arrivals and lengths.
 """
 from __future__ import annotations
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.vllm
 CI_TOLERANCE = {"ttft_p50": 0.35, "tpot_p50": 0.35, "ttft_p90": 0.5, "tpot_p90": 0.5}
 
 
-@pytest.mark.timeout(600)
+# A clean-clone CI on 2026-12-01 evening ran out of 600 s in the calibration on a host ~1.7x slower than that
+# morning's, when the calibration still ran the n-gram engines too.
+@pytest.mark.timeout(900)
 def test_simulated_percentiles_follow_vllm_bench_serve(smollm2_path, tmp_path):
     from benchmarks import serving
 
