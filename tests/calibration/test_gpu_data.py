@@ -479,8 +479,9 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     """Why the fit keeps the proposer's spread symmetric (``repeat_spread_floors(split=False)``): a 0.24 draft-model
     cycle's floor and slow tail show across leases (B = 1 medians 22-50 ms), but within one calibration its repeats
     spread about as far below their median as above it -- pooled over the twelve stored H200 calibrations 18.8 % vs
-    20.9 % (ten, before run 8: 19.5 % vs 21.3 %) -- and on the shipped profile's calibration further below (25.4 % vs 22.3 %: the T = 0.8 point repeated at
-    34.6-71.2 ms), so a two-piece σ would not narrow the profile's fast side."""
+    20.9 % (the ten before run 8: 19.5 % vs 21.3 %) -- and on the shipped profile's calibration further below (25.4 %
+    vs 22.3 %: the T = 0.8 point repeated at 34.6-71.2 ms), so a two-piece σ would not narrow the profile's fast
+    side."""
     from calibration import fit
 
     _, target, draft = specs
