@@ -120,13 +120,13 @@ def run_drafter(records: list[dict]) -> str:
 
 
 def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, drafter: str = DRAFT,
-                     second_cycle_k: int | None = None):
+                     second_cycle_k: int | None = None, **overrides):
     """The GPU probe plan of the closed loop: the product's ``ProbeConfig`` with timing settings for an H200;
     ``draft`` is the path of ``drafter``'s shape; ``second_cycle_k``: the drafter's cycles also at that k (one more
-    engine)."""
+    engine); ``overrides``: other ``ProbeConfig`` fields (a variant of the plan, e.g. ``cycle_decode_tokens``)."""
     from calibration.probes import DrafterSpec, ProbeConfig
 
-    return ProbeConfig(
+    return dataclasses.replace(ProbeConfig(
         model=target, probes=("memory", "timing"), load_format="dummy", skip_tokenizer_init=True,
         tensor_parallel_size=tensor_parallel_size,
         batch_sizes=(1, 8, 64, 256), cycle_batch_sizes=(1, 16, 64, 256), decode_tokens=32,
@@ -137,12 +137,12 @@ def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, dra
         drafters=(DrafterSpec(drafter_method(drafter), 3, model=draft, draft_sample_method=None,
                               label=f"{drafter_method(drafter)}-{drafter}-k3"),
                   DrafterSpec("ngram", 3)),
-    )
+    ), **overrides)
 
 
 # --------------------------------------------------------------------------------------------- calibrate
 def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
-              second_cycle_k: int | None = None) -> int:
+              second_cycle_k: int | None = None, **overrides) -> int:
     from calibration.probes import ProbeRunError, environment_info, run_probes
     from calibration.runner import to_record
 
@@ -167,13 +167,13 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, draf
 
         status = "succeeded"
         try:
-            run_probes(gpu_probe_config(target, draft, tp, drafter, second_cycle_k), progress=progress,
+            run_probes(gpu_probe_config(target, draft, tp, drafter, second_cycle_k, **overrides), progress=progress,
                        on_measurement=emit, engines=engines)
         except ProbeRunError as exc:
             status = f"failed: {exc}"
     info = {"status": status, "wall_s": round(time.perf_counter() - t0, 1),
             "split_s": {k: round(v, 1) for k, v in splits.items()}, "environment": environment_info(),
-            "config": dataclasses.asdict(gpu_probe_config(target, draft, tp, drafter, second_cycle_k))}
+            "config": dataclasses.asdict(gpu_probe_config(target, draft, tp, drafter, second_cycle_k, **overrides))}
     (workdir / ("calibration-run.json" if engines is None else "calibration-redo-run.json")).write_text(json.dumps(info, indent=1, default=str) + "\n")
     print(json.dumps({k: info[k] for k in ("status", "wall_s", "split_s")}), flush=True)
     return 0 if status == "succeeded" else 1
@@ -546,6 +546,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="calibrate, measure: the model drafter (catalog name; an EAGLE head runs as 'eagle')")
     parser.add_argument("--second-cycle-k", type=int, default=None,
                         help="calibrate: the drafter's whole cycles also at this k (one more engine)")
+    parser.add_argument("--cycle-tokens", type=int, default=None,
+                        help="calibrate: tokens per timed generation of whole cycles (default: the plan's, 128 on GPUs)")
+    parser.add_argument("--verify-per-k", action="store_true",
+                        help="calibrate: one verify engine per k (each on its own full CUDA graphs)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
@@ -556,8 +560,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
+        variant = {k: v for k, v in (("cycle_decode_tokens", args.cycle_tokens),
+                                     ("verify_engine_per_k", args.verify_per_k or None)) if v is not None}
         return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
-                         args.second_cycle_k)
+                         args.second_cycle_k, **variant)
     if args.phase == "measure":
         return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter)
     if args.phase == "_engine":

@@ -42,7 +42,7 @@ import numpy as np
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 STRUCTURES = ("code", "json", "sql", "prose", "creative", "rag")
-LARGE_BATCH = 64  # ProbeConfig.large_batch_decode_tokens applies from this batch size on
+LARGE_BATCH = 64  # ProbeConfig.large_batch_decode_tokens applies from this batch size on, cycle_decode_tokens up to it
 
 ProgressCallback = Callable[[int, int, str], None]
 MeasurementCallback = Callable[[Any], None]
@@ -283,10 +283,22 @@ class ProbeConfig:
     decode_tokens: int = 32
     # engine clock: tokens per timed generation of plain and verify steps at B >= LARGE_BATCH (None: decode_tokens).
     # On an H200 such a step takes 5-60 ms and two repeats of 32 tokens agree within 2 % (runs 5 and 6), so half the
-    # tokens halve the largest points' probe time; whole cycles keep decode_tokens (a draft model's vary 2x)
+    # tokens halve the largest points' probe time; whole cycles: cycle_decode_tokens (a draft model's vary 2x)
     large_batch_decode_tokens: int | None = None
+    # tokens per timed generation of whole speculative cycles at B <= LARGE_BATCH (above it: decode_tokens, so the
+    # KV cache planned for the steps still holds the batch and four engines start together on one H200). None: 128
+    # on GPUs, decode_tokens on the CPU. On the H200 (vLLM 0.24, run 9) a draft model's cycles slowed along a
+    # generation: timed over 32 tokens they read 22.5-23.7 ms at B = 1, over 128 tokens 30.7-32.1 ms, in
+    # calibrations interleaved on one lease; the closed loop's draft-model error went from 34-38 % to 11-15 %.
+    cycle_decode_tokens: int | None = None
     context_len: int = 64
     verify_ks: tuple[int, ...] = (4,)  # verify widths, all timed in one engine (calibration.proposers)
+    # One verify engine per k instead. With CUDA graphs vLLM replays a full graph only for batches of exactly
+    # 1 + num_speculative_tokens query tokens per sequence; a narrower verify in a wider engine runs on piecewise
+    # graphs with attention launched from the host, not what an engine of that k serves (H200, runs 6-9: q = 4 in a
+    # k = 5 engine 0.3-11 ms slower than q = 6 at B = 1, by lease; in its own k = 3 engine 6.4-7.1 ms). Off by
+    # default: on run 9 it did not move the closed loop, and a fifth engine costs the H200 a second start (+90 s)
+    verify_engine_per_k: bool = False
     prompt_lengths: tuple[int, ...] = (64, 256, 1024)
     prefill_batch_sizes: tuple[int, ...] = (1, 4)
     max_prefill_tokens: int = 8192  # prefill probes skip B·P above this
@@ -351,6 +363,7 @@ class ProbeConfig:
             step_clock=self.step_clock or ("engine" if on_gpu else "wall"),
             large_batch_decode_tokens=self.large_batch_decode_tokens or (16 if on_gpu else None),
             cycle_batch_sizes=self.cycle_batch_sizes or self.batch_sizes,
+            cycle_decode_tokens=self.cycle_decode_tokens or (128 if on_gpu else None),
         )
 
     def engine_settings(self, model: str) -> dict:
@@ -783,6 +796,8 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     n = cfg.decode_tokens
     if clock == "engine" and kind == "step" and batch_size >= LARGE_BATCH and cfg.large_batch_decode_tokens:
         n = cfg.large_batch_decode_tokens
+    if kind == "cycle" and cfg.cycle_decode_tokens and batch_size <= LARGE_BATCH:
+        n = cfg.cycle_decode_tokens
     n_short = max(1, n // 4)
     detok = not cfg.skip_tokenizer_init
     short, many = _sampling(temperature, n_short + 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
@@ -949,11 +964,15 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
         from .proposers import QUALNAME
 
         kmax = max(cfg.verify_ks)
-        tasks = [("step", b, w, 0.0) for w in sorted({0, *cfg.verify_ks}) for b in cfg.batch_sizes]
-        if cfg.sampled_temperature:
-            tasks += [("step", b, w, cfg.sampled_temperature) for w in (0, kmax) for b in _subset(cfg.batch_sizes)]
-        plan.append(EnginePlan(f"verify-k{kmax}", model,
-                               {"method": "custom_class", "model": QUALNAME, "num_speculative_tokens": kmax}, tasks))
+        engine_ks = sorted(set(cfg.verify_ks)) if cfg.verify_engine_per_k else [kmax]
+        for ek in engine_ks:
+            widths = {ek} if ek != kmax else ({0, kmax} if cfg.verify_engine_per_k else {0, *cfg.verify_ks})
+            tasks = [("step", b, w, 0.0) for w in sorted(widths) for b in cfg.batch_sizes]
+            if cfg.sampled_temperature and ek == kmax:
+                tasks += [("step", b, w, cfg.sampled_temperature) for w in (0, kmax)
+                          for b in _subset(cfg.batch_sizes)]
+            plan.append(EnginePlan(f"verify-k{ek}", model,
+                                   {"method": "custom_class", "model": QUALNAME, "num_speculative_tokens": ek}, tasks))
     if timing and cfg.truncated_layers:
         plan.append(EnginePlan(f"truncated-{cfg.truncated_layers}l", f"{model}@layers={cfg.truncated_layers}",
                                None, [("step", b, 0, 0.0) for b in _subset(cfg.batch_sizes)[:2]]))

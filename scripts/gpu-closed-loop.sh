@@ -5,7 +5,8 @@
 #   e.g. scripts/gpu-closed-loop.sh calibrate:300 measure:240      then      measure:400 analyze:60
 # Phase draft_host: benchmarks/draft_host.py. TP=2 sets every engine's tensor-parallel size; ONLY=baseline,ngram-k3
 # limits `measure` to those engines; DRAFTER=eagle-llama-3.1-8b times that catalog drafter instead of the 1B draft model;
-# SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration.
+# SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration; CYCLE_TOKENS=128 times whole cycles over
+# generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine.
 # On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
 # symmetric-memory multicast, and vLLM's all-reduces that build on them (symmetric memory, FlashInfer's); TP runs
 # use vLLM's custom all-reduce (CUDA IPC) and NCCL.
@@ -21,7 +22,9 @@ for arg in "$@"; do
   case $phase in
     analyze) cmd+=(--out-json "$W/closed-loop-result.json") ;;
     calibrate) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}")
-               [ -n "${SECOND_K:-}" ] && cmd+=(--second-cycle-k "$SECOND_K") ;;
+               [ -n "${SECOND_K:-}" ] && cmd+=(--second-cycle-k "$SECOND_K")
+               [ -n "${CYCLE_TOKENS:-}" ] && cmd+=(--cycle-tokens "$CYCLE_TOKENS")
+               [ -n "${VERIFY_PER_K:-}" ] && cmd+=(--verify-per-k) ;;
     measure) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY") ;;
     draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json") ;;
   esac
@@ -32,5 +35,6 @@ done
 grep -hE "torch.compile take|Graph capturing finished|init engine|Compil(ing|ation) .*took|Loading weights took|Model loading took" \
   "$W"/*.err 2>/dev/null | sed -E 's/^.*(INFO|WARNING)/\1/' | head -80 > "$W/startup-log.txt"
 grep -h '^\[calibrate' "$W/calibrate.err" > "$W/calibrate-progress.txt" 2>/dev/null
-mkdir -p "$OUT/w" && cp "$W"/*.json "$W"/*.jsonl "$W"/*.txt "$OUT/w/" 2>/dev/null
-gzip -c "$W/calibrate.err" > "$OUT/w/calibrate.err.gz" 2>/dev/null; ls -la "$OUT/w"
+O="$OUT/${OUTSUB:-w}"  # OUTSUB: another folder under $OUT (two workdirs in one call)
+mkdir -p "$O" && cp "$W"/*.json "$W"/*.jsonl "$W"/*.txt "$O/" 2>/dev/null
+gzip -c "$W/calibrate.err" > "$O/calibrate.err.gz" 2>/dev/null; ls -la "$O"
