@@ -324,7 +324,7 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, spec,
     percentiles. Without speculation the simulation draws nothing and runs once."""
     import numpy as np
 
-    from advisor.costmodel.simulate import EngineLimits, StepModel, Traffic, simulate
+    from advisor.costmodel.simulate import EngineLimits, StepModel, Traffic, pooled, simulate
     from advisor.costmodel.steptime import forward_cost
 
     ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 0]
@@ -341,22 +341,6 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, spec,
     runs = [simulate(model, limits, dataclasses.replace(traffic, seed=seed), spec)
             for seed in range(1, 1 + (max(1, replicates) if spec is not None else 1))]
     return pooled(runs)
-
-
-def pooled(runs: list[Any]) -> Any:
-    """Simulations of one run's arrivals as one: their requests' times pooled, their counts summed."""
-    import numpy as np
-
-    if len(runs) == 1:
-        return runs[0]
-    first = runs[0]
-    return dataclasses.replace(
-        first, ttft_s=np.concatenate([r.ttft_s for r in runs]), tpot_s=np.concatenate([r.tpot_s for r in runs]),
-        latency_s=np.concatenate([r.latency_s for r in runs]),
-        **{f: sum(getattr(r, f) for r in runs) for f in ("finished", "requests", "duration_s", "output_tokens",
-                                                         "steps", "preemptions", "events")},
-        mean_decode_batch=float(np.mean([r.mean_decode_batch for r in runs])),
-        saturated=any(r.saturated for r in runs), stats={})
 
 
 # closed-loop serving probe: requests kept open (alone, partial batches, a full batch, and a queue of 2 batches

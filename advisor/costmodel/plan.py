@@ -34,7 +34,13 @@ MAX_TP_CHOICES = 3  # default: the smallest TP that fits and the next two doubli
 MAX_K = 6  # longest draft the planner considers
 RATE_TOLERANCE = 0.05  # relative precision of λ*
 STABLE_UTILISATION = 0.97  # the search starts just below the steady-state capacity
-SIM_REQUESTS = 200  # requests per simulated rate
+SIM_REQUESTS = 120  # requests per simulated rate while λ* is searched
+# ... and where the answer is read: λ* refined, and each load level's percentiles. A p90 TTFT near the queue's knee
+# grows with the run's length until the run spans the queue's long excursions: on the README's plan λ* from
+# 200-request runs came out 6 % above that of 4,000-request runs on average over the options whose λ* moved (up to
+# 27 %); from 1,000-request runs, 0.1 % (up to 3 %). docs/planner.md "Run length"
+STEADY_REQUESTS = 400
+REFINE_STEP = 1.1  # the steady-state search steps down from the short runs' λ* by this factor until the SLO holds
 IDLE_REQUESTS = 40
 WARMUP_FRACTION = 0.1
 SECONDS_PER_HOUR = 3600.0
@@ -105,6 +111,7 @@ class PlanInput:
     max_num_seqs: int = MAX_NUM_SEQS
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
     sim_requests: int = SIM_REQUESTS
+    steady_requests: int = STEADY_REQUESTS
     seed: int = 0
 
     @property
@@ -185,29 +192,40 @@ def capacity_rps(plan: PlanInput, mode: _Mode) -> float:
     return min(finishing, 1.0 / steps_per_request) / step
 
 
+def _search(plan: PlanInput, mode: _Mode, lo: float, hi: float, rate: float, step: float,
+            requests: int) -> tuple[float, float]:
+    """The highest rate in [lo, hi) meeting the SLO on ``requests``-request runs, to ``RATE_TOLERANCE``: from
+    ``rate`` down by ``step`` until the SLO holds, then geometric bisection (``lo`` is known to meet it, ``hi`` not).
+    Returns the bracket (the rate found, the lowest rate seen to miss)."""
+    while rate > lo * (1 + RATE_TOLERANCE):
+        if _meets(plan, _run(plan, mode, rate, requests)):
+            lo = rate
+            break
+        hi = rate
+        rate /= step
+    while hi / lo > 1 + RATE_TOLERANCE:
+        mid = math.sqrt(lo * hi)
+        if _meets(plan, _run(plan, mode, mid, requests)):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
 def max_rate(plan: PlanInput, mode: _Mode) -> tuple[float, str | None]:
     """λ*: the highest per-replica rate meeting the SLO (0 with the reason when none does), below the replica's
-    steady-state capacity (a finite simulation above it would show a transient, not a service level)."""
+    steady-state capacity (a finite simulation above it would show a transient, not a service level). Searched on
+    short runs from just below the capacity, by halves; then refined on ``steady_requests``-request runs, whose
+    percentiles are the steady state's (short runs read the knee's percentiles low, so refining steps down)."""
     capacity = capacity_rps(plan, mode)
     idle = capacity / 200.0
     sim = _run(plan, mode, idle, IDLE_REQUESTS)
     if not _meets(plan, sim):
         return 0.0, "SLO unreachable at any load: " + "; ".join(_violations(plan, sim)) + " on an idle replica"
-    lo, hi = idle, capacity
-    rate = capacity * STABLE_UTILISATION
-    while rate > lo * (1 + RATE_TOLERANCE):  # step down by halves until the SLO holds
-        if _meets(plan, _run(plan, mode, rate)):
-            lo = rate
-            break
-        hi = rate
-        rate /= 2.0
-    while hi / lo > 1 + RATE_TOLERANCE:  # geometric bisection
-        mid = math.sqrt(lo * hi)
-        if _meets(plan, _run(plan, mode, mid)):
-            lo = mid
-        else:
-            hi = mid
-    return lo, None
+    short, missed = _search(plan, mode, idle, capacity, capacity * STABLE_UTILISATION, 2.0, plan.sim_requests)
+    if plan.steady_requests > plan.sim_requests:  # what misses on short runs misses on long ones
+        short, missed = _search(plan, mode, idle, missed, short, REFINE_STEP, plan.steady_requests)
+    return short, None
 
 
 def _violations(plan: PlanInput, sim: SimResult) -> list[str]:
@@ -258,8 +276,8 @@ def plan_capacity(plan: PlanInput) -> dict[str, Any]:
         "feasible": any(o["feasible"] for o in options),
         "loads_requests_per_second": plan.loads,
         "slo": {"percentile": plan.slo.percentile, **{f"{m}_ms": v for m, v in plan.slo.targets().items()}},
-        "simulation": {"requests_per_rate": plan.sim_requests, "warmup_fraction": WARMUP_FRACTION,
-                       "seed": plan.seed, "arrivals": "poisson", "rate_tolerance": RATE_TOLERANCE,
+        "simulation": {"requests_per_rate": plan.steady_requests, "search_requests_per_rate": plan.sim_requests,
+                       "warmup_fraction": WARMUP_FRACTION, "seed": plan.seed, "arrivals": "poisson", "rate_tolerance": RATE_TOLERANCE,
                        "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.max_num_batched_tokens},
     }
 
@@ -357,7 +375,7 @@ def _fill(plan: PlanInput, row: dict[str, Any], mode: _Mode, offer: GpuOffer, tp
         return _infeasible(row, why)
     row["max_requests_per_second_per_replica"] = lam
     row["capacity_requests_per_second_per_replica"] = capacity_rps(plan, mode)
-    row["_batch"] = max(_run(plan, mode, lam).mean_decode_batch, 1.0)
+    row["_batch"] = max(_run(plan, mode, lam, plan.steady_requests).mean_decode_batch, 1.0)
     q = plan.slo.percentile
     targets = plan.slo.targets()
     loads = []
@@ -367,7 +385,7 @@ def _fill(plan: PlanInput, row: dict[str, Any], mode: _Mode, offer: GpuOffer, tp
             raise CostModelError("load.requests_per_second",
                                  f"{load:g} req/s needs {replicas} replicas of {offer.gpu.name}: beyond {MAX_REPLICAS}")
         per = load / replicas
-        sim = _run(plan, mode, per)
+        sim = _run(plan, mode, per, plan.steady_requests)
         gpus = replicas * tp
         monthly = gpus * offer.gpu_hour_usd * plan.hours_per_month
         tokens_per_month = load * plan.output_tokens * SECONDS_PER_HOUR * plan.hours_per_month

@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -544,6 +544,22 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
 
 
 # ----------------------------------------------------------------------------------------------- capacity
+def pooled(runs: Sequence[SimResult]) -> SimResult:
+    """Simulations of one load as one: their requests' times pooled, their counts summed, saturated if any was
+    (independent replicates narrow a percentile's draw-to-draw spread, as a longer run would, without one long
+    run's correlated queue excursions)."""
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    return replace(
+        first, ttft_s=np.concatenate([r.ttft_s for r in runs]), tpot_s=np.concatenate([r.tpot_s for r in runs]),
+        latency_s=np.concatenate([r.latency_s for r in runs]),
+        **{f: sum(getattr(r, f) for r in runs) for f in ("finished", "requests", "duration_s", "output_tokens",
+                                                         "steps", "preemptions", "events")},
+        mean_decode_batch=float(np.mean([r.mean_decode_batch for r in runs])),
+        saturated=any(r.saturated for r in runs), stats={})
+
+
 def kv_capacity_tokens(kv_space_gb: float, target_kv_bytes_per_token: int, draft_kv_bytes_per_token: int = 0) -> int:
     """KV slots = KV space / (target + drafter KV bytes per token) (design.md §3 "Memory")."""
     per_token = target_kv_bytes_per_token + draft_kv_bytes_per_token

@@ -118,7 +118,7 @@ def test_a_plan_naming_its_vllm_version_is_timed_by_the_measured_profile(client)
     """On H200-SXM with vLLM 0.24 a plan prices each GPU by the shipped profile, as a recommendation does: each head
     by its own engine's fit (EAGLE measured 2.15x at B = 1, EAGLE-3 2.02-2.06x), so EAGLE-3 (the higher prior
     acceptance) wins at a measured gain, and the 1B draft model, alone, loses (0.75x measured: no CUDA graphs for it
-    on 0.24) where the uncalibrated plan gave it a gain."""
+    on 0.24) where the uncalibrated plan gives it about break-even (0.97x at the batch of the baseline's λ*)."""
     speculators = [{"method": "draft_model", "draft_model": "llama-3.2-1b-instruct"},
                    {"method": "eagle", "draft_model": "eagle-llama-3.1-8b"},
                    {"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"}]
@@ -139,7 +139,7 @@ def test_a_plan_naming_its_vllm_version_is_timed_by_the_measured_profile(client)
         options = client.post("/v1/plans", json=plan).get_json()["options"]
         return next(o for o in options if o["mode"] == "speculative")["speculator"]["decode_gain_at_operating_batch"]
 
-    assert draft_model_gain({**alone, "vllm_version": "0.24.0"}) < 0.8 < 1.0 < draft_model_gain(alone)
+    assert draft_model_gain({**alone, "vllm_version": "0.24.0"}) < 0.8 < 0.95 < draft_model_gain(alone)
     assert client.post("/v1/plans", json={**body, "vllm_version": "latest"}).status_code == 422
 
 
