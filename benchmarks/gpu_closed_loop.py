@@ -167,8 +167,8 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, draf
 
         status = "succeeded"
         try:
-            run_probes(gpu_probe_config(target, draft, tp, drafter, second_cycle_k, **overrides), progress=progress,
-                       on_measurement=emit, engines=engines)
+            run_probes(gpu_probe_config(target, draft, tp, drafter, second_cycle_k, **overrides),
+                       progress=progress, on_measurement=emit, engines=engines)
         except ProbeRunError as exc:
             status = f"failed: {exc}"
     info = {"status": status, "wall_s": round(time.perf_counter() - t0, 1),
@@ -547,7 +547,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--second-cycle-k", type=int, default=None,
                         help="calibrate: the drafter's whole cycles also at this k (one more engine)")
     parser.add_argument("--cycle-tokens", type=int, default=None,
-                        help="calibrate: tokens per timed generation of whole cycles (default: the plan's, 128 on GPUs)")
+                        help="calibrate: tokens per timed generation of whole cycles (default: the plan's, "
+                             "128 on GPUs)")
     parser.add_argument("--verify-per-k", action="store_true",
                         help="calibrate: one verify engine per k (each on its own full CUDA graphs)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)

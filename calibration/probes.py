@@ -42,7 +42,7 @@ import numpy as np
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 STRUCTURES = ("code", "json", "sql", "prose", "creative", "rag")
-LARGE_BATCH = 64  # ProbeConfig.large_batch_decode_tokens applies from this batch size on, cycle_decode_tokens up to it
+LARGE_BATCH = 64  # large_batch_decode_tokens applies from this batch size on, cycle_decode_tokens up to it
 
 ProgressCallback = Callable[[int, int, str], None]
 MeasurementCallback = Callable[[Any], None]
@@ -296,7 +296,7 @@ class ProbeConfig:
     # One verify engine per k instead. With CUDA graphs vLLM replays a full graph only for batches of exactly
     # 1 + num_speculative_tokens query tokens per sequence; a narrower verify in a wider engine runs on piecewise
     # graphs with attention launched from the host, not what an engine of that k serves (H200, runs 6-9: q = 4 in a
-    # k = 5 engine 0.3-11 ms slower than q = 6 at B = 1, by lease; in its own k = 3 engine 6.4-7.1 ms). Off by
+    # k = 5 engine 0.7-11 ms slower than q = 6 at B = 1, by lease; in its own k = 3 engine 6.4-7.1 ms). Off by
     # default: on run 9 it did not move the closed loop, and a fifth engine costs the H200 a second start (+90 s)
     verify_engine_per_k: bool = False
     prompt_lengths: tuple[int, ...] = (64, 256, 1024)

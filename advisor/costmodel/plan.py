@@ -37,8 +37,8 @@ STABLE_UTILISATION = 0.97  # the search starts just below the steady-state capac
 SIM_REQUESTS = 120  # requests per simulated rate while λ* is searched
 # ... and where the answer is read: λ* refined, and each load level's percentiles. A p90 TTFT near the queue's knee
 # grows with the run's length until the run spans the queue's long excursions: on the README's plan λ* from
-# 200-request runs came out 6 % above that of 4,000-request runs on average over the options whose λ* moved (up to
-# 27 %); from 1,000-request runs, 0.1 % (up to 3 %). docs/planner.md "Run length"
+# 200-request runs came out 6.7 % above that of 4,000-request runs on average over the options whose λ* moved (up
+# to 25 %); refined on 400-request runs, 2.5 % (up to 12 %) in twice the time. docs/planner.md "Run length"
 STEADY_REQUESTS = 400
 REFINE_STEP = 1.1  # the steady-state search steps down from the short runs' λ* by this factor until the SLO holds
 IDLE_REQUESTS = 40
@@ -195,8 +195,8 @@ def capacity_rps(plan: PlanInput, mode: _Mode) -> float:
 def _search(plan: PlanInput, mode: _Mode, lo: float, hi: float, rate: float, step: float,
             requests: int) -> tuple[float, float]:
     """The highest rate in [lo, hi) meeting the SLO on ``requests``-request runs, to ``RATE_TOLERANCE``: from
-    ``rate`` down by ``step`` until the SLO holds, then geometric bisection (``lo`` is known to meet it, ``hi`` not).
-    Returns the bracket (the rate found, the lowest rate seen to miss)."""
+    ``rate`` down by ``step`` until the SLO holds, then geometric bisection (``lo`` is known to meet it, ``hi``
+    not). Returns the bracket (the rate found, the lowest rate seen to miss)."""
     while rate > lo * (1 + RATE_TOLERANCE):
         if _meets(plan, _run(plan, mode, rate, requests)):
             lo = rate
@@ -277,8 +277,9 @@ def plan_capacity(plan: PlanInput) -> dict[str, Any]:
         "loads_requests_per_second": plan.loads,
         "slo": {"percentile": plan.slo.percentile, **{f"{m}_ms": v for m, v in plan.slo.targets().items()}},
         "simulation": {"requests_per_rate": plan.steady_requests, "search_requests_per_rate": plan.sim_requests,
-                       "warmup_fraction": WARMUP_FRACTION, "seed": plan.seed, "arrivals": "poisson", "rate_tolerance": RATE_TOLERANCE,
-                       "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.max_num_batched_tokens},
+                       "warmup_fraction": WARMUP_FRACTION, "seed": plan.seed, "arrivals": "poisson",
+                       "rate_tolerance": RATE_TOLERANCE, "max_num_seqs": plan.max_num_seqs,
+                       "max_num_batched_tokens": plan.max_num_batched_tokens},
     }
 
 

@@ -543,11 +543,9 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
                      events=events)
 
 
-# ----------------------------------------------------------------------------------------------- capacity
 def pooled(runs: Sequence[SimResult]) -> SimResult:
-    """Simulations of one load as one: their requests' times pooled, their counts summed, saturated if any was
-    (independent replicates narrow a percentile's draw-to-draw spread, as a longer run would, without one long
-    run's correlated queue excursions)."""
+    """Simulations of the same traffic with their own draws (accepted drafts, arrivals) as one: their requests'
+    times pooled, their counts summed, saturated if any was."""
     if len(runs) == 1:
         return runs[0]
     first = runs[0]
@@ -560,6 +558,7 @@ def pooled(runs: Sequence[SimResult]) -> SimResult:
         saturated=any(r.saturated for r in runs), stats={})
 
 
+# ----------------------------------------------------------------------------------------------- capacity
 def kv_capacity_tokens(kv_space_gb: float, target_kv_bytes_per_token: int, draft_kv_bytes_per_token: int = 0) -> int:
     """KV slots = KV space / (target + drafter KV bytes per token) (design.md §3 "Memory")."""
     per_token = target_kv_bytes_per_token + draft_kv_bytes_per_token

@@ -471,7 +471,8 @@ def test_run9_cycles_timed_over_a_whole_generation(tmp_path, capsys):
     for name in ("closed-loop-result-window.json", "closed-loop-result-window-second.json"):
         s = got[name]["summary"]
         assert s["median_abs_error"] <= 0.11 and s["sign_right"] == 34 and s["interval_coverage"] >= 0.97
-        miss = {(p["engine"], p["batch_size"]) for p in got[name]["points"] if (p["measured"] > 1) != (p["predicted"] > 1)}
+        miss = {(p["engine"], p["batch_size"]) for p in got[name]["points"]
+                if (p["measured"] > 1) != (p["predicted"] > 1)}
         assert miss == {("ngram-k3-a0.5", 16), ("ngram-k3-a0.8", 128)}
     for name in ("closed-loop-result.json", "closed-loop-result-second-calibration.json"):
         draft = [abs(p["error"]) for p in got[name]["points"] if p["method"] == "draft_model"]
@@ -494,9 +495,13 @@ def test_run9_as_the_plan_now_times_cycles(capsys):
                and r["params"]["engine"].get("speculative_config", {}) and r["values"]["kind"] == "cycle"
                and r["values"]["batch_size"] > 64}
         short_dir = next(iter(big.values()))["params"]["engine"]["model"].split("/shapes/")[0]
-        records = [json.loads(json.dumps(big[label(r)]).replace(short_dir + "/", workdir + "/"))
-                   if r["probe"] == "step_time" and r["values"].get("kind") == "cycle" and r["values"]["batch_size"] > 64
-                   else r for r in long_records]
+
+        def swapped(r):
+            if r["probe"] == "step_time" and r["values"].get("kind") == "cycle" and r["values"]["batch_size"] > 64:
+                return json.loads(json.dumps(big[label(r)]).replace(short_dir + "/", workdir + "/"))
+            return r
+
+        records = [swapped(r) for r in long_records]
         assert sum(r is not s for r, s in zip(records, long_records)) == 2  # the draft model's and n-gram's B = 256
         points, _ = gcl.predict_measurements(RUN9, records)
         summary = gcl.summarise(points)
