@@ -966,7 +966,8 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
         kmax = max(cfg.verify_ks)
         engine_ks = sorted(set(cfg.verify_ks)) if cfg.verify_engine_per_k else [kmax]
         for ek in engine_ks:
-            widths = {ek} if ek != kmax else ({0, kmax} if cfg.verify_engine_per_k else {0, *cfg.verify_ks})
+            # each engine its own k (or, in one engine, every k); the widest also times steps without drafts
+            widths = ({ek} if cfg.verify_engine_per_k else set(cfg.verify_ks)) | ({0} if ek == kmax else set())
             tasks = [("step", b, w, 0.0) for w in sorted(widths) for b in cfg.batch_sizes]
             if cfg.sampled_temperature and ek == kmax:
                 tasks += [("step", b, w, cfg.sampled_temperature) for w in (0, kmax)

@@ -222,10 +222,10 @@ def max_rate(plan: PlanInput, mode: _Mode) -> tuple[float, str | None]:
     sim = _run(plan, mode, idle, IDLE_REQUESTS)
     if not _meets(plan, sim):
         return 0.0, "SLO unreachable at any load: " + "; ".join(_violations(plan, sim)) + " on an idle replica"
-    short, missed = _search(plan, mode, idle, capacity, capacity * STABLE_UTILISATION, 2.0, plan.sim_requests)
+    lam, missed = _search(plan, mode, idle, capacity, capacity * STABLE_UTILISATION, 2.0, plan.sim_requests)
     if plan.steady_requests > plan.sim_requests:  # what misses on short runs misses on long ones
-        short, missed = _search(plan, mode, idle, missed, short, REFINE_STEP, plan.steady_requests)
-    return short, None
+        lam, _ = _search(plan, mode, idle, missed, lam, REFINE_STEP, plan.steady_requests)
+    return lam, None
 
 
 def _violations(plan: PlanInput, sim: SimResult) -> list[str]:

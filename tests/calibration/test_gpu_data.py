@@ -394,6 +394,14 @@ def test_run7_calibrates_a_fresh_node_within_180_s_and_meets_the_targets(tmp_pat
 RUN8, RUN8B = RUN.parent / "h200-vllm0.24-run8", RUN.parent / "h200-vllm0.24-run8-second"
 
 
+def _step_ms(run: Path, prefix: str, batch: int, q: int | None = None) -> float:
+    """Milliseconds of the first greedy step or cycle of the engine labelled ``prefix…`` at ``batch`` (and q)."""
+    return [1e3 * r["values"]["step_s"] for r in gcl.calibration_records(run)
+            if r["probe"] == "step_time" and r["params"]["engine"]["label"].startswith(prefix)
+            and r["values"]["batch_size"] == batch and r["values"].get("temperature", 0) == 0
+            and q in (None, r["values"]["q"])][0]
+
+
 def test_run8_current_code_on_a_fresh_node(tmp_path, capsys):
     """Run 8 (2026-12-01 evening, a fresh lease, the code of bb24a64): the product plan calibrates a fresh node in
     169 s, but the closed loop misses the median target (14.7 %) with three n-gram signs wrong. This lease's
@@ -403,14 +411,8 @@ def test_run8_current_code_on_a_fresh_node(tmp_path, capsys):
     info = json.loads((RUN8 / "calibration-run.json").read_text())
     assert info["status"] == "succeeded" and info["wall_s"] <= 180 and info["environment"]["gpu_name"] == "NVIDIA H200"
 
-    def step_ms(run, label, batch, q):
-        return [1e3 * r["values"]["step_s"] for r in gcl.calibration_records(run)
-                if r["probe"] == "step_time" and r["params"]["engine"]["label"] == label
-                and r["values"]["batch_size"] == batch and r["values"]["q"] == q
-                and r["values"].get("temperature", 0) == 0][0]
-
-    assert step_ms(RUN8, "target", 1, 1) == pytest.approx(step_ms(RUN7, "target", 1, 1), rel=0.03)
-    assert step_ms(RUN8, "verify-k5", 1, 4) > 2.5 * step_ms(RUN7, "verify-k5", 1, 4)
+    assert _step_ms(RUN8, "target", 1, 1) == pytest.approx(_step_ms(RUN7, "target", 1, 1), rel=0.03)
+    assert _step_ms(RUN8, "verify-k5", 1, 4) > 2.5 * _step_ms(RUN7, "verify-k5", 1, 4)
     for name, calibration in (("closed-loop-result.json", None), ("closed-loop-result-second-calibration.json", RUN8B)):
         out = tmp_path / name
         gcl.analyze(RUN8, out, calibration)
@@ -436,14 +438,6 @@ RUN9_CALIBRATIONS = {  # stored closed loop -> the calibration that predicts run
 }
 
 
-def _cycle_ms(run: Path, prefix: str, batch: int, q: int | None = None) -> float:
-    """Milliseconds of the first greedy step or cycle of the engine labelled ``prefix…`` at ``batch`` (and q)."""
-    return [1e3 * r["values"]["step_s"] for r in gcl.calibration_records(run)
-            if r["probe"] == "step_time" and r["params"]["engine"]["label"].startswith(prefix)
-            and r["values"]["batch_size"] == batch and r["values"].get("temperature", 0) == 0
-            and q in (None, r["values"]["q"])][0]
-
-
 def test_run9_cycles_timed_over_a_whole_generation(tmp_path, capsys):
     """Run 9 (one lease, four calibrations interleaved around one measurement): a draft model's cycles timed over
     32-token generations read ~30 % faster than over 128-token ones, and only the 128-token calibrations predict
@@ -451,16 +445,16 @@ def test_run9_cycles_timed_over_a_whole_generation(tmp_path, capsys):
     tokens. Both n-gram signs missed are at break-even (0.86x at B = 16 where the prediction is 1.02x; 1.00x
     measured at B = 128). A verify of q = 4 in its own k = 3 engine (full CUDA graphs) runs as fast as q = 6 in a
     k = 5 engine; the plain target steps agree within 2 % across all four calibrations."""
-    short = [_cycle_ms(RUN9_CALIBRATIONS[n], "draft_model", 1) for n in
+    short = [_step_ms(RUN9_CALIBRATIONS[n], "draft_model", 1) for n in
              ("closed-loop-result.json", "closed-loop-result-second-calibration.json")]
-    long = [_cycle_ms(RUN9_CALIBRATIONS[n], "draft_model", 1) for n in
+    long = [_step_ms(RUN9_CALIBRATIONS[n], "draft_model", 1) for n in
             ("closed-loop-result-window.json", "closed-loop-result-window-second.json")]
     assert max(short) < 0.8 * min(long)  # in lease order short, long, long, short: not a drift of the host
     for run in RUN9_CALIBRATIONS.values():
-        assert _cycle_ms(run, "target", 1) == pytest.approx(_cycle_ms(RUN9, "target", 1), rel=0.02)
+        assert _step_ms(run, "target", 1) == pytest.approx(_step_ms(RUN9, "target", 1), rel=0.02)
     for name in ("closed-loop-result-window.json", "closed-loop-result-window-second.json"):
         run = RUN9_CALIBRATIONS[name]
-        assert _cycle_ms(run, "verify-k3", 1, 4) == pytest.approx(_cycle_ms(run, "verify-k5", 1, 6), rel=0.12)
+        assert _step_ms(run, "verify-k3", 1, 4) == pytest.approx(_step_ms(run, "verify-k5", 1, 6), rel=0.12)
     got = {}
     for name, calibration in RUN9_CALIBRATIONS.items():
         out = tmp_path / name
