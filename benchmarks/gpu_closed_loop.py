@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import statistics
 import sys
@@ -404,9 +405,13 @@ def measurement_rows(workdir: Path) -> list[dict]:
     return list(rows.values())
 
 
-def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None) -> int:
-    """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run)."""
+def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None,
+            remeasured: tuple[Path, ...] = ()) -> int:
+    """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run); with
+    ``remeasured`` (later measurements of the same engines), against their pooled speedups (``pool_measurements``)."""
     points, results = predict_measurements(workdir, calibration_records(calibration_dir or workdir))
+    if remeasured:
+        points = pool_measurements(points, [measured_speedups(d) for d in remeasured])
     step_fit = results[f"step_time:{TARGET}"]
     print(f"step-time fit: rms relative residual {step_fit.rmse_rel:.3f}; free {', '.join(step_fit.free)}")
     for row in step_fit.points:
@@ -421,6 +426,26 @@ def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path |
     return 0
 
 
+def measured_speedups(workdir: Path) -> dict[tuple[str, int], float]:
+    """(engine, B) -> the measured end-to-end speedup of ``workdir``'s measurement (batch wall time, as ``Point``)."""
+    rows = measurement_rows(workdir)
+    base = {r["batch_size"]: _wall_s(r) for r in rows if r["engine"] == "baseline"}
+    return {(r["engine"], r["batch_size"]): base[r["batch_size"]] / _wall_s(r) for r in rows
+            if r["engine"] != "baseline" and r["batch_size"] in base}
+
+
+def pool_measurements(points: list[Point], repeats: list[dict[tuple[str, int], float]]) -> list[Point]:
+    """``points`` measured again: each point's measured speedup becomes the geometric mean over its measurements
+    (the speedup is a ratio of times), the single ones kept under ``extra['measured_each']``. On one lease two
+    measurements minutes apart differ by a median 14 % (run 10), so one measurement is a noisy truth."""
+    out = []
+    for p in points:
+        each = [p.measured] + [r[p.engine, p.batch_size] for r in repeats if (p.engine, p.batch_size) in r]
+        pooled = math.exp(statistics.fmean(math.log(m) for m in each))
+        out.append(dataclasses.replace(p, measured=pooled, extra={**p.extra, "measured_each": each}))
+    return out
+
+
 def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point], dict]:
     """``workdir``'s measured points, each with the speedup ``predict`` gives from the calibration ``records``;
     and the fits (``fit_run``'s results)."""
@@ -432,7 +457,7 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
     tp = tensor_parallel_size(records)
     rows = measurement_rows(workdir)
     base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
-    base_wall = {r["batch_size"]: _wall_s(r) for r in rows if r["engine"] == "baseline"}
+    measured = measured_speedups(workdir)
     base_request = {r["batch_size"]: _request_decode_s(r) for r in rows if r["engine"] == "baseline"}
     points: list[Point] = []
     for r in rows:
@@ -458,7 +483,7 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
         request = _request_decode_s(r)
         if request and base_request.get(r["batch_size"]):  # per request, not the batch's slowest
             extra["decode_per_request_measured"] = base_request[r["batch_size"]] / request
-        points.append(Point(r["engine"], r["method"], k, a, r["batch_size"], base_wall[r["batch_size"]] / _wall_s(r),
+        points.append(Point(r["engine"], r["method"], k, a, r["batch_size"], measured[r["engine"], r["batch_size"]],
                             sp["expected"], sp["low"], sp["high"], frac, (1 + acc / drafts) if drafts else None,
                             extra))
     return points, results
@@ -522,6 +547,10 @@ def summarise(points: list[Point]) -> dict:
         decode = sorted(abs(p.extra["decode_predicted"] / p.extra["decode_measured"] - 1) for p in points)
         out["decode"] = {"median_abs_error_batch": decode[len(decode) // 2],
                          "median_abs_error_per_request": sorted(map(abs, per_request))[len(per_request) // 2]}
+    each = [p.extra["measured_each"] for p in points if len(p.extra.get("measured_each", ())) > 1]
+    if each:  # how far one measurement moves from the next: the floor under any prediction's error
+        out["measurements"] = {"runs": max(map(len, each)),
+                               "median_max_over_min": statistics.median(max(m) / min(m) - 1 for m in each)}
     return out
 
 
@@ -556,6 +585,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-json", type=Path, default=None)
     parser.add_argument("--calibration", type=Path, default=None,
                         help="analyze: the run whose calibration predicts --workdir's measurements (default: the same)")
+    parser.add_argument("--remeasured", type=Path, action="append", default=[],
+                        help="analyze: a later measurement of the same engines (repeatable); the points are "
+                             "compared with the geometric mean of all measurements")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -576,7 +608,7 @@ def main(args: argparse.Namespace) -> int:
     if args.phase == "profile":
         print(json.dumps(write_profile(args.workdir.resolve()), indent=1))
         return 0
-    return analyze(args.workdir, args.out_json, args.calibration)
+    return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured))
 
 
 if __name__ == "__main__":
