@@ -80,3 +80,22 @@ def test_summary_text_backfill_matches_what_insert_writes(empty_engine, tmp_path
     with app.app_context():
         db.session.remove()
         db.engine.dispose()
+
+
+def test_sqlite_instants_in_sqlite3s_format_are_rewritten(tmp_path):
+    """0006: rows the driver-level INSERT stored as ``…+00:00`` (before its values went through the column types)
+    are rewritten as UtcDateTime writes them, whole seconds included, and read back as the same instants."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    upgrade(engine, "0005")
+    old = {"2026-12-01 10:00:00.123456+00:00": "2026-12-01 10:00:00.123456",
+           "2026-12-01 10:00:01+00:00": "2026-12-01 10:00:01.000000",
+           "2026-12-01 10:00:02.500000": "2026-12-01 10:00:02.500000"}  # already the type's format
+    with engine.begin() as conn:
+        for i, text in enumerate(old, start=1):
+            conn.execute(sa.text("INSERT INTO workloads (id, fingerprint, scenario, created_at) "
+                                 "VALUES (:i, :f, '{}', :t)"), {"i": i, "f": f"fp{i}", "t": text})
+    upgrade(engine)
+    with engine.connect() as conn:
+        stored = [row[0] for row in conn.execute(sa.text("SELECT created_at FROM workloads ORDER BY id"))]
+    assert stored == list(old.values())
+    engine.dispose()

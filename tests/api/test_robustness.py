@@ -516,6 +516,33 @@ def test_created_after_and_before_compare_instants_with_their_offsets(client):
     assert [r["id"] for r in rows] == [rec["id"]]
 
 
+def test_a_post_stores_its_instant_as_the_orm_does(app, client, monkeypatch):
+    """A POST's INSERT runs on the driver (compiled once): it must bind its values through the column types as
+    the ORM would. Before, SQLite's own adapter wrote ``…:35+00:00`` where UtcDateTime writes ``…:35.000000``, so
+    a row made on a whole second fell outside ``created_after`` at that very instant."""
+    from advisor.extensions import db
+    from advisor.models import Recommendation, UtcDateTime
+    from advisor.services import recommendations
+
+    instant = dt.datetime(2026, 12, 2, 3, 4, 35, tzinfo=dt.timezone.utc)
+    monkeypatch.setattr(recommendations, "utcnow", lambda: instant)
+    rec = client.post("/v1/recommendations", json=example_scenario()).get_json()
+    assert rec["created_at"] == instant.isoformat()
+    with app.app_context():
+        dialect = db.engine.dialect
+        stored = db.session.execute(sa.select(sa.cast(Recommendation.created_at, sa.String()))
+                                    .where(Recommendation.id == rec["id"])).scalar_one()
+        bind = UtcDateTime().dialect_impl(dialect).bind_processor(dialect)
+        if dialect.name == "sqlite":
+            assert stored == bind(instant)  # 2026-12-02 03:04:35.000000
+        db.session.rollback()
+    for key, text in (("created_after", "2026-12-02T03:04:35Z"), ("created_before", "2026-12-02T05:04:35+02:00")):
+        rows = client.get("/v1/recommendations", query_string={key: text}).get_json()
+        assert [r["id"] for r in rows] == [rec["id"]], key
+        assert client.get(f"/v1/recommendations?{key}={text.replace('+', '%2B')}&after_id=999999").get_json()[0][
+            "id"] == rec["id"]
+
+
 # --- schema versions and migrations -------------------------------------------------------------------------
 def test_migrate_down_asks_for_a_target(tmp_path, monkeypatch):
     from click.testing import CliRunner
