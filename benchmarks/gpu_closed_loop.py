@@ -437,7 +437,7 @@ def measured_speedups(workdir: Path) -> dict[tuple[str, int], float]:
 def pool_measurements(points: list[Point], repeats: list[dict[tuple[str, int], float]]) -> list[Point]:
     """``points`` measured again: each point's measured speedup becomes the geometric mean over its measurements
     (the speedup is a ratio of times), the single ones kept under ``extra['measured_each']``. On one lease two
-    measurements minutes apart differ by a median 14 % (run 10), so one measurement is a noisy truth."""
+    measurements minutes apart differ by a median 15 % (run 10), so one measurement is a noisy truth."""
     out = []
     for p in points:
         each = [p.measured] + [r[p.engine, p.batch_size] for r in repeats if (p.engine, p.batch_size) in r]
