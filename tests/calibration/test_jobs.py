@@ -73,7 +73,8 @@ def test_calibration_through_rq_worker_feeds_recommendations(smollm2_path, tmp_p
     env = {**os.environ, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
            "SPECADVISOR_INSTANCE": str(tmp_path / "instance")}
     worker = subprocess.run([sys.executable, "-m", "advisor.cli", "worker", "--hardware", hardware_queue, "--burst"],
-                            env=env, capture_output=True, text=True, timeout=900)
+                            env=env, capture_output=True, text=True,
+                            timeout=1800)  # a hang guard: a host ~3x slow ran past 900 s (2026-12-02)
     assert worker.returncode == 0, worker.stderr[-3000:]
 
     run = client.get(f"/v1/calibrations/{run['id']}").get_json()
