@@ -36,6 +36,7 @@ import fcntl
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -137,8 +138,15 @@ def probe_records(python: str, model: str, workdir: Path, log: Path, kv_gib: int
             if speculative else ["--probes", "memory,timing", "--drafter", "none", "--verify-ks", ""])
     cmd = [python, "-m", "calibration.probes", "--model", model, *spec, "--batch-sizes", "1,2,4,8,12,16",
            "--prompt-lengths", "64,256,1024", "--kv-cache-space-gib", str(kv_gib), "-o", str(out)]
-    with log.open("a") as lf:
-        rc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), stdout=lf, stderr=subprocess.STDOUT).returncode
+    with log.open("a") as lf:  # in its own process group: stopped (a time-out), vLLM's workers go with it
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(), stdout=lf, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     if rc != 0:
         raise RuntimeError(f"calibration probes failed (exit {rc}); see {log}")
     data = json.loads(out.read_text())
