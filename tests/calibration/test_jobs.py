@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -73,21 +72,13 @@ def test_calibration_through_rq_worker_feeds_recommendations(smollm2_path, tmp_p
 
     env = {**os.environ, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL,
            "SPECADVISOR_INSTANCE": str(tmp_path / "instance")}
-    # its own process group, so a time-out (a hang guard: a host ~3x slow ran past 900 s on 2026-12-02) also stops
-    # the vLLM workers of the job's engines, which would slow every later test
-    worker = subprocess.Popen([sys.executable, "-m", "advisor.cli", "worker", "--hardware", hardware_queue,
-                               "--burst"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    try:
-        _, stderr = worker.communicate(timeout=1800)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.communicate()
-        raise
-    assert worker.returncode == 0, stderr[-3000:]
+    worker = subprocess.run([sys.executable, "-m", "advisor.cli", "worker", "--hardware", hardware_queue, "--burst"],
+                            env=env, capture_output=True, text=True,
+                            timeout=1800)  # a hang guard: a host ~3x slow ran past 900 s (2026-12-02)
+    assert worker.returncode == 0, worker.stderr[-3000:]
 
     run = client.get(f"/v1/calibrations/{run['id']}").get_json()
-    assert run["status"] == "succeeded", (run["error"], stderr[-3000:])
+    assert run["status"] == "succeeded", (run["error"], worker.stderr[-3000:])
     assert run["progress"] == 1.0 and run["environment"]["cpu_count"] >= 1
     probes = {m["probe"] for m in run["measurements"]}
     assert {"step_time", "prefill", "acceptance", "memory"} <= probes
