@@ -355,8 +355,24 @@ def test_guarded_redoes_a_timing_that_other_processes_disturbed(monkeypatch):
         time.sleep(1.5)
         return len(calls)
 
-    result, _ = contention.guarded(measure, "test", attempts=2)
+    result, _ = contention.guarded(measure, "test", attempts=2, budget=contention.WaitBudget(60))
     assert len(calls) == 2 and result == 2  # redone, and the undisturbed attempt kept
+
+
+def test_waiting_out_contention_is_bounded_per_process(monkeypatch):
+    """A host busy all along (CI, 2026-12-02: a 3-min calibration ran past 16 min) spends the wait budget once;
+    later disturbed timings are kept, each with the share others took, instead of waiting and redoing."""
+    from calibration import contention
+
+    monkeypatch.setattr(contention, "others_limit", lambda cores=None: 0.1)
+    monkeypatch.setattr(contention.Contention, "others", lambda self: 0.9)  # every attempt disturbed
+    budget, calls = contention.WaitBudget(3.0), []
+    result, others = contention.guarded(lambda: calls.append(1) or len(calls), "t", attempts=4, budget=budget)
+    assert len(calls) == 2 and budget.left_s == 0.0 and others == 0.9  # one wait spent the 3 s, then kept
+    calls.clear()
+    contention.guarded(lambda: calls.append(1) or len(calls), "t", attempts=4, budget=budget)
+    assert len(calls) == 1  # no waiting left: measured once
+    assert contention.wait_others_quiet(budget=budget) == 1.0  # returns at once, no sample taken
 
 
 def test_memory_probe_records_how_vllm_schedules_the_engine():
