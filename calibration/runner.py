@@ -108,8 +108,28 @@ def hardware_mismatch(hardware: str, env: dict[str, Any]) -> str | None:
     return None
 
 
+def die_with_parent(poll_s: float = 2.0) -> None:
+    """End this process group (the runner and its vLLM engines) once the process that started it is gone. The job
+    starts the runner in a session of its own, which a job killed outright (RQ's hard kill, OOM) never reaches:
+    orphaned engines would keep the cores busy for every later calibration on the node."""
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if os.getpgid(0) == os.getpid():  # a group of its own (calibration.jobs.execute): not a caller's
+        die_with_parent()
     events = os.fdopen(os.dup(1), "w", buffering=1)  # our channel: the original stdout
     os.dup2(2, 1)  # anything else printed to stdout (vLLM, tqdm) goes to stderr
 

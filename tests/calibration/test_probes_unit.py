@@ -421,3 +421,38 @@ print([len(g) for g in start_groups(plan_engines(cfg), cfg, 139 * 2**30)])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[4]"
+
+
+def test_the_probe_runner_dies_with_the_job_that_started_it(tmp_path):
+    """A job killed outright leaves no runner (nor its engines) behind: the runner watches its parent."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    pid_file = tmp_path / "runner.pid"
+    # a stand-in job: starts a process in a session of its own, as calibration.jobs.execute starts the runner, then
+    # is killed; the child runs the runner's watchdog and would otherwise sleep for a minute
+    child = (f"import os, time, sys; sys.path.insert(0, {str(REPO)!r}); from calibration.runner import die_with_parent; "
+             f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); die_with_parent(0.2); time.sleep(60)")
+    job = subprocess.Popen([sys.executable, "-c",
+                            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}], "
+                            f"start_new_session=True); time.sleep(60)"])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    runner = int(pid_file.read_text())
+    job.kill()
+    job.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(runner, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(runner, 9)
+    raise AssertionError("the runner outlived its job")
