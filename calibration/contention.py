@@ -13,7 +13,7 @@ ENGINE_CORES = 3  # cores an engine's timing needs to itself: engine core, front
 # Seconds one process may spend waiting for quiet over all its guarded measurements. Without a bound, a host busy
 # all along (another tenant, CPU steal on a shared VM) made each measurement wait up to 180 s three times: a
 # calibration of ~3 min ran past 16 min in a clean-clone CI on 2026-12-02. Once spent, timings go on under load
-# and each records the share others took (``others_cpu_share``), so the fit's spread carries it.
+# and each records the share others took (``others_cpu``), so the fit's spread carries it.
 WAIT_BUDGET_S = float(os.environ.get("SPECADVISOR_CONTENTION_WAIT_S", "300"))
 
 

@@ -23,7 +23,7 @@ CI_TOLERANCE = {"ttft_p50": 0.35, "tpot_p50": 0.35, "ttft_p90": 0.5, "tpot_p90":
 
 
 # ~190 s here. The bound only guards against a hang: clean-clone CIs ran out of 600 s (2026-12-01, a host ~1.7x
-# slow) and of 1800 s (2026-12-02, when waiting for quiet was not yet bounded: calibration.contention).
+# slow) and of 1800 s (2026-12-02, before waiting for quiet was bounded: calibration.contention).
 @pytest.mark.timeout(1800)
 def test_simulated_percentiles_follow_vllm_bench_serve(smollm2_path, tmp_path):
     from benchmarks import serving
