@@ -181,9 +181,11 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, draf
 
 
 # --------------------------------------------------------------------------------------------- measure
-def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0) -> None:
+def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0,
+                    quantization: str | None = None) -> None:
     """Child process: one engine, every batch size; one JSON line per batch size to ``out``. ``held`` > 0: one of
-    that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``."""
+    that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``.
+    ``quantization``: the target's vLLM quantization (e.g. "fp8"; a drafter stays bf16, as vLLM loads it)."""
     from calibration.probes import (DrafterSpec, _random_prompts, _sampling, engine_decode_spans_s, environment_info,
                                     event_stream, held_engine_config, read_spec_counters, start_engine, stop_engine,
                                     synthetic_rates)
@@ -191,7 +193,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
     import random
 
     events = event_stream() if held else None
-    cfg = gpu_probe_config(target, draft, tp).resolved(on_gpu=True)
+    cfg = gpu_probe_config(target, draft, tp, quantization=quantization).resolved(on_gpu=True)
     if held:  # the KV cache holds every batch size's prompts, outputs and drafts
         cfg = held_engine_config(dataclasses.replace(cfg, decode_tokens=OUTPUT_TOKENS), held)
     settings = cfg.engine_settings(target)
@@ -245,7 +247,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                                        "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
                                        "iteration_tokens": d.iteration_tokens})
                     row = {"engine": label, "method": case.method, "k": case.k, "acceptance": acc,
-                           "tensor_parallel_size": tp,
+                           "tensor_parallel_size": tp, "quantization": quantization,
                            "batch_size": b, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                            "startup_s": startup, "speculative_config": spec, "rounds": rounds,
                            "gpu_name": env.get("gpu_name"), "vllm_version": env.get("vllm_version")}
@@ -257,7 +259,8 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
         stop_engine(llm)
 
 
-def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT) -> int:
+def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
+            quantization: str | None = None) -> int:
     """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
     process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time."""
     from calibration.probes import HeldProcess
@@ -276,7 +279,7 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: 
     t0 = time.perf_counter()
     procs = [HeldProcess([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir", str(workdir),
                           "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp), "--held", str(len(todo)),
-                          "--drafter", drafter],
+                          "--drafter", drafter] + (["--quantization", quantization] if quantization else []),
                          c.label) for c in todo]
     status = 0
     try:
@@ -362,7 +365,8 @@ def with_engine_paths(records: list[dict]) -> list[dict]:
 def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int = 0):
     """Fit the GPU run (``calibration.fit.fit_run``): one set of step-time parameters for the target and its
     drafter's forwards (target decode, verify widths, speculative steps without drafts, whole draft-model and
-    n-gram cycles), and the prefill fit; keyed by what was measured (bf16, TP 1, CUDA graphs). A drafter whose
+    n-gram cycles), and the prefill fit; keyed by what was measured (the target's weights dtype, TP, CUDA graphs).
+    A drafter whose
     engine ran another path than the verify probes (an EAGLE head, with async scheduling) gets a fit of its own
     engine's probes and the target's plain steps (``calibration.fit.engine_path_records``)."""
     from advisor.costmodel import Calibration
@@ -371,15 +375,16 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     records = with_engine_paths(records)
     target_path, models = fit_models(records, draft)
     results: dict = {}
-    fits = fit_run(records, gpu, target, draft, drafter_method(draft.name), draft.name, target_path=target_path,
-                   models=models, results=results)
+    dtype = weights_dtype(records)
+    fits = fit_run(records, gpu, target, draft, drafter_method(draft.name), draft.name, dtype,
+                   target_path=target_path, models=models, results=results)
     by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
     for f in fits:
         by_kind[f["kind"]][f["key"]] = f["params"]
     batches = [r["values"]["batch_size"] for r in records if r["probe"] == "step_time"]
     cal = Calibration.from_dict({"run_id": run_id, "hardware": gpu.name, **by_kind,
                                  "max_batch_calibrated": max(batches), "temperature_range": [0.0, 0.8],
-                                 "weights_dtype": "bf16", "tensor_parallel_size": tensor_parallel_size(records),
+                                 "weights_dtype": dtype, "tensor_parallel_size": tensor_parallel_size(records),
                                  "engine_mode": "graphs"})
     return cal, results
 
@@ -392,6 +397,15 @@ def fit_models(records: list[dict], draft) -> tuple[str, dict]:
     draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
                    if (e.get("speculative_config") or {}).get("method") in MODEL_DRAFTER_METHODS.values()}
     return target_path, {p: draft for p in draft_paths if p}
+
+
+def weights_dtype(records: list[dict]) -> str:
+    """The target's weights dtype in the run, as the product reads it from the engine settings (bf16 shapes
+    otherwise: their config says bfloat16)."""
+    from advisor.costmodel.memory import engine_weights_dtype
+
+    target = next(r["params"]["engine"] for r in records if r["params"]["engine"]["label"] == "target")
+    return engine_weights_dtype(target) or "bf16"
 
 
 def tensor_parallel_size(records: list[dict]) -> int:
@@ -474,6 +488,7 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
             gpu="H200-SXM", target_model=TARGET,
             speculator=Speculator(r["method"], None if copy else draft.name, k),
             workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]), gpu_count=tp,
+            weights_dtype=cal.weights_dtype,
             acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
         ans = predict(scen, gpu, target, None if copy else draft, cal, compare_methods=False).to_dict()
@@ -570,6 +585,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
     parser.add_argument("--only", default=None, help="calibrate: plan engines whose label starts with one of these; measure: engine labels")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine (calibrate, measure)")
+    parser.add_argument("--quantization", default=None,
+                        help="the target's vLLM quantization in every engine, e.g. fp8 (calibrate, measure)")
     parser.add_argument("--drafter", default=DRAFT,
                         choices=sorted(r["name"] for r in _catalog_rows() if r["kind"] in MODEL_DRAFTER_METHODS),
                         help="calibrate, measure: the model drafter (catalog name; an EAGLE head runs as 'eagle')")
@@ -594,16 +611,18 @@ def main(args: argparse.Namespace) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
         variant = {k: v for k, v in (("cycle_decode_tokens", args.cycle_tokens),
-                                     ("verify_engine_per_k", args.verify_per_k or None)) if v is not None}
+                                     ("verify_engine_per_k", args.verify_per_k or None),
+                                     ("quantization", args.quantization)) if v is not None}
         return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
                          args.second_cycle_k, **variant)
     if args.phase == "measure":
-        return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter)
+        return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
+                       args.quantization)
     if args.phase == "_engine":
         target, draft = shapes(args.workdir, args.drafter)
         case = json.loads(args.case)
         _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
-                        args.workdir / "measurements.jsonl", args.tp, args.held)
+                        args.workdir / "measurements.jsonl", args.tp, args.held, args.quantization)
         return 0
     if args.phase == "profile":
         print(json.dumps(write_profile(args.workdir.resolve()), indent=1))

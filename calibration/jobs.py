@@ -143,6 +143,8 @@ def execute(request: dict[str, Any], sink: Sink, timeout_s: float | None = None)
 
 
 def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Sink) -> list[dict[str, Any]]:
+    from advisor.costmodel.memory import engine_weights_dtype
+
     from .fit import fit_run
 
     gpu, target, draft = sink.specs(request)
@@ -153,7 +155,10 @@ def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Si
         targets = {e.get("model") for e in engines}
         models = {spec["model"]: draft for e in engines if (spec := e.get("speculative_config") or {})
                   and spec.get("method") == request.get("method") and spec.get("model") not in targets | {None}}
-    return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter, models=models)
+    engine = next((e for r in records if (e := (r.get("params") or {}).get("engine"))), {})
+    dtype = request.get("weights_dtype") or engine_weights_dtype({**(request.get("engine") or {}), **engine})
+    return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter, dtype or "bf16",
+                   models=models)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -176,8 +181,21 @@ def run_calibration(run_id: int) -> str:
         from advisor.services import calibrations
 
         run = calibrations.get(run_id)
-        timeout = float(app.config["CALIBRATION_JOB_TIMEOUT_S"])
-        return execute(dict(run.config), DbSink(run_id), timeout_s=timeout)
+        return execute(dict(run.config), DbSink(run_id), timeout_s=job_timeout_s(app))
+
+
+def job_timeout_s(app) -> float:  # noqa: ANN001
+    """The probe run's limit: the RQ job's own time-out, which the app that enqueued it set to its limit plus a
+    margin (``JOB_TIMEOUT_MARGIN_S``), less that margin; this worker's config outside a job. One source: a limit
+    set on the API side is the one the probes stop at, whatever the worker's own config says."""
+    from rq import get_current_job
+
+    from advisor.services.calibrations import JOB_TIMEOUT_MARGIN_S
+
+    job = get_current_job()
+    if job is not None and job.timeout and job.timeout > 0:
+        return max(1.0, float(job.timeout) - JOB_TIMEOUT_MARGIN_S)
+    return float(app.config["CALIBRATION_JOB_TIMEOUT_S"])
 
 
 def on_job_failure(job, connection, exc_type, exc_value, tb) -> None:  # noqa: ANN001  (RQ's signature)

@@ -6,7 +6,8 @@
 # Phase draft_host: benchmarks/draft_host.py. TP=2 sets every engine's tensor-parallel size; ONLY=baseline,ngram-k3
 # limits `measure` to those engines; DRAFTER=eagle-llama-3.1-8b times that catalog drafter instead of the 1B draft model;
 # SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration; CYCLE_TOKENS=128 times whole cycles over
-# generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine.
+# generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine; QUANT=fp8 quantizes the
+# target in every engine (calibrate and measure; the drafter stays bf16).
 # On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
 # symmetric-memory multicast, and vLLM's all-reduces that build on them (symmetric memory, FlashInfer's); TP runs
 # use vLLM's custom all-reduce (CUDA IPC) and NCCL.
@@ -24,8 +25,10 @@ for arg in "$@"; do
     calibrate) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}")
                [ -n "${SECOND_K:-}" ] && cmd+=(--second-cycle-k "$SECOND_K")
                [ -n "${CYCLE_TOKENS:-}" ] && cmd+=(--cycle-tokens "$CYCLE_TOKENS")
-               [ -n "${VERIFY_PER_K:-}" ] && cmd+=(--verify-per-k) ;;
-    measure) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY") ;;
+               [ -n "${VERIFY_PER_K:-}" ] && cmd+=(--verify-per-k)
+               [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT") ;;
+    measure) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY")
+             [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT") ;;
     draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json") ;;
   esac
   timeout --signal=INT --kill-after=20 "$limit" "${cmd[@]}" \

@@ -18,6 +18,18 @@ CUDA_GRAPH_RESERVE_GB = 0.5  # vLLM captures ~67 graph sizes; typically 0.3-1 GB
 NON_TORCH_RESERVE_GB = 0.4  # cuBLAS workspace, NCCL buffers, CUDA context outside torch's allocator
 
 
+# vLLM engine arguments -> the cost model's weights dtype (vLLM's `--dtype` and `--quantization` choices)
+ENGINE_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16"}
+ENGINE_QUANTIZATIONS = {"fp8": "fp8", "awq": "int4", "gptq": "int4", "awq_marlin": "int4", "gptq_marlin": "int4"}
+
+
+def engine_weights_dtype(settings: dict[str, Any]) -> str | None:
+    """The weights dtype an engine ran at, from its vLLM arguments: the quantization where set, else the dtype;
+    None where neither says (dtype 'auto' is the checkpoint's own)."""
+    return (ENGINE_QUANTIZATIONS.get(str(settings.get("quantization") or "").lower())
+            or ENGINE_DTYPES.get(str(settings.get("dtype") or "").lower()))
+
+
 def bytes_per_param(weights_dtype: str) -> float:
     if weights_dtype not in BYTES_PER_PARAM:
         raise CostModelError("weights_dtype", f"unknown dtype '{weights_dtype}'; one of {', '.join(WEIGHTS_DTYPES)}")

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from .. import costmodel
+from ..costmodel.memory import engine_weights_dtype
 from ..errors import ApiError
 from ..extensions import db
 from ..models import CalibrationRun, FittedParameters, ProbeMeasurement, utcnow
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 JOB_FUNCTION = "calibration.jobs.run_calibration"
 FAILURE_CALLBACK = "calibration.jobs.on_job_failure"
+JOB_TIMEOUT_MARGIN_S = 60  # RQ's limit is the probe run's plus this: time for the fit and the failure record
 FINAL_STATES = ("succeeded", "failed")
 
 
@@ -84,10 +86,11 @@ def enqueue(run: CalibrationRun) -> None:
                                 "try again shortly. /v1/health reports Redis.", "queue_unavailable") from None
         queue = Queue(run.queue, connection=connection)
 
-        # the job kills its own probe process at the time-out; RQ's limit is a backstop a minute later
+        # the job kills its own probe process at the time-out (calibration.jobs.job_timeout_s reads it back from
+        # the job); RQ's limit is a backstop a margin later
         try:
             job = queue.enqueue(JOB_FUNCTION, run.id,
-                                job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"] + 60,
+                                job_timeout=current_app.config["CALIBRATION_JOB_TIMEOUT_S"] + JOB_TIMEOUT_MARGIN_S,
                                 result_ttl=86_400, failure_ttl=7 * 86_400, on_failure=Callback(FAILURE_CALLBACK))
         except RedisError as exc:
             log.warning("Redis at %s failed while queueing: %s", redis_url, exc)
@@ -206,16 +209,11 @@ def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | N
     return fallback
 
 
-DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16"}
-QUANTIZATIONS = {"fp8": "fp8", "awq": "int4", "gptq": "int4", "awq_marlin": "int4", "gptq_marlin": "int4"}
-
-
 def measured_conditions(config: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
     """Weights dtype, tensor-parallel size and engine mode a run measured under, from the engine settings its
     probes recorded (else the request's); None where not recorded (e.g. dtype 'auto' = the checkpoint's)."""
     settings = {**(config.get("engine") or {}), **(engine or {})}
-    dtype = config.get("weights_dtype") or QUANTIZATIONS.get(str(settings.get("quantization") or "").lower()) \
-        or DTYPES.get(str(settings.get("dtype") or "").lower())
+    dtype = config.get("weights_dtype") or engine_weights_dtype(settings)
     eager = settings.get("enforce_eager")
     return {"weights_dtype": dtype,
             "tensor_parallel_size": int(settings["tensor_parallel_size"]) if settings.get("tensor_parallel_size")
