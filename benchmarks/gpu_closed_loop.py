@@ -420,10 +420,13 @@ def measurement_rows(workdir: Path) -> list[dict]:
 
 
 def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None,
-            remeasured: tuple[Path, ...] = ()) -> int:
+            remeasured: tuple[Path, ...] = (), profile: bool = False) -> int:
     """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run); with
-    ``remeasured`` (later measurements of the same engines), against their pooled speedups (``pool_measurements``)."""
-    points, results = predict_measurements(workdir, calibration_records(calibration_dir or workdir))
+    ``remeasured`` (later measurements of the same engines), against their pooled speedups (``pool_measurements``);
+    with ``profile``, from the shipped engine profile of H200-SXM × vLLM 0.24 instead of any calibration (the answer
+    a scenario naming that vLLM version gets before its user calibrates)."""
+    points, results = predict_measurements(workdir, calibration_records(calibration_dir or workdir),
+                                           shipped_profile() if profile else None)
     if remeasured:
         points = pool_measurements(points, [measured_speedups(d) for d in remeasured])
     step_fit = results[f"step_time:{TARGET}"]
@@ -460,9 +463,28 @@ def pool_measurements(points: list[Point], repeats: list[dict[tuple[str, int], f
     return out
 
 
-def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point], dict]:
-    """``workdir``'s measured points, each with the speedup ``predict`` gives from the calibration ``records``;
-    and the fits (``fit_run``'s results)."""
+def measured_weights_dtype(row: dict) -> str:
+    """The target's weights dtype in a measured row (its ``quantization``; rows before it was kept are bf16). An
+    answer for it is priced at that dtype, whatever the calibration's: a bf16 calibration then prices fp8 weights as
+    the shipped profile does (the cost model's bytes and FLOPs at fp8, the fitted efficiencies and overheads)."""
+    from advisor.costmodel.memory import engine_weights_dtype
+
+    return engine_weights_dtype({"quantization": row.get("quantization")}) or "bf16"
+
+
+def shipped_profile(vllm_version: str = "0.24"):
+    """The shipped engine profile of H200-SXM × ``vllm_version`` (``advisor/data/engine_profiles.json``)."""
+    from advisor.costmodel.types import MeasuredEngineProfile
+
+    items = json.loads(PROFILES_FILE.read_text())["items"]
+    return MeasuredEngineProfile.from_dict(next(p for p in items if p["gpu"] == "H200-SXM"
+                                                and p["vllm_version"] == vllm_version))
+
+
+def predict_measurements(workdir: Path, records: list[dict], profile=None) -> tuple[list[Point], dict]:  # noqa: ANN001
+    """``workdir``'s measured points, each with the speedup ``predict`` gives from the calibration ``records``, or
+    with ``profile`` (a ``MeasuredEngineProfile``) from that profile and no calibration (the records then give only
+    n-gram's drafted fraction, a workload input); and the fits (``fit_run``'s results)."""
     from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
@@ -488,10 +510,11 @@ def predict_measurements(workdir: Path, records: list[dict]) -> tuple[list[Point
             gpu="H200-SXM", target_model=TARGET,
             speculator=Speculator(r["method"], None if copy else draft.name, k),
             workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]), gpu_count=tp,
-            weights_dtype=cal.weights_dtype,
+            weights_dtype=measured_weights_dtype(r),
             acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
-        ans = predict(scen, gpu, target, None if copy else draft, cal, compare_methods=False).to_dict()
+        ans = predict(scen, gpu, target, None if copy else draft, None if profile else cal, compare_methods=False,
+                      profile=profile).to_dict()
         sp = ans["speedup"]
         extra = {"decision": ans["decision"], "break_even": ans.get("break_even_concurrency"),
                  "decode_measured": base[r["batch_size"]] / _decode_s(r), "decode_predicted": sp["decode"]}
@@ -602,6 +625,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-json", type=Path, default=None)
     parser.add_argument("--calibration", type=Path, default=None,
                         help="analyze: the run whose calibration predicts --workdir's measurements (default: the same)")
+    parser.add_argument("--profile", action="store_true",
+                        help="analyze: predict from the shipped engine profile (H200-SXM x vLLM 0.24), no calibration")
     parser.add_argument("--remeasured", type=Path, action="append", default=[],
                         help="analyze: a later measurement of the same engines (repeatable); the points are "
                              "compared with the geometric mean of all measurements")
@@ -627,7 +652,7 @@ def main(args: argparse.Namespace) -> int:
     if args.phase == "profile":
         print(json.dumps(write_profile(args.workdir.resolve()), indent=1))
         return 0
-    return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured))
+    return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured), args.profile)
 
 
 if __name__ == "__main__":
