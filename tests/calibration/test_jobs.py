@@ -124,6 +124,26 @@ def test_a_run_that_dies_keeps_its_measurements(smollm2_path, tmp_path):
     assert run["fits"] == []
 
 
+def test_the_probe_run_stops_at_the_limit_the_enqueuing_app_set(tmp_path, monkeypatch):
+    """One source for a job's limit: the worker's probes stop at the RQ job's own time-out (the enqueuing app's
+    CALIBRATION_JOB_TIMEOUT_S plus the margin) less that margin, not at the worker's config (3600 s by default,
+    which let RQ's hard kill fire first); outside an RQ job, the config's."""
+    import types
+
+    import rq
+
+    from advisor.services.calibrations import JOB_TIMEOUT_MARGIN_S
+    from calibration import jobs
+
+    app, *_ = _service(tmp_path, "")
+    assert app.config["CALIBRATION_JOB_TIMEOUT_S"] == 1500
+    assert jobs.job_timeout_s(app) == 1500  # no job: the config's
+    monkeypatch.setattr(rq, "get_current_job", lambda: types.SimpleNamespace(timeout=300 + JOB_TIMEOUT_MARGIN_S))
+    assert jobs.job_timeout_s(app) == 300
+    monkeypatch.setattr(rq, "get_current_job", lambda: types.SimpleNamespace(timeout=-1))  # RQ's "no limit"
+    assert jobs.job_timeout_s(app) == 1500
+
+
 def test_bad_calibration_requests_are_named(tmp_path):
     app, client, auth, _ = _service(tmp_path, "")
     for change, field in (({"hardware": "TPU-9"}, "hardware"), ({"target_model": "nope"}, "target_model"),

@@ -447,11 +447,14 @@ def test_the_probe_runner_dies_with_the_job_that_started_it(tmp_path):
     runner = int(pid_file.read_text())
     job.kill()
     job.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        try:
-            os.kill(runner, 0)
-        except ProcessLookupError:
+        try:  # ended: gone, or a zombie its new parent (init) has not reaped yet
+            with open(f"/proc/{runner}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                return
+        except (FileNotFoundError, ProcessLookupError):
             return
         time.sleep(0.1)
     os.kill(runner, 9)
