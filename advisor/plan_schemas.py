@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES
+from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES, KV_CACHE_DTYPES
 from .schemas import VLLM_VERSION, AcceptanceSchema, StrictSchema, _positive
 
 MAX_LOAD_LEVELS = 8
@@ -62,6 +62,9 @@ class PlanSpeculatorSchema(StrictSchema):
 class PlanRequestSchema(StrictSchema):
     target_model = fields.String(required=True, validate=validate.Length(min=1, max=96))
     weights_dtype = fields.String(load_default="bf16", validate=validate.OneOf(WEIGHTS_DTYPES))
+    kv_cache_dtype = fields.String(validate=validate.OneOf(KV_CACHE_DTYPES), metadata={
+        "description": "vLLM's --kv-cache-dtype: \"fp8\" halves the KV cache per token (more sequences fit, less "
+                       "attention traffic); absent = \"auto\", the model's dtype."})
     workload = fields.Nested(PlanWorkloadSchema, required=True)
     load = fields.Nested(PlanLoadSchema, required=True)
     slo = fields.Nested(PlanSloSchema, required=True)

@@ -8,7 +8,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 from webargs.fields import DelimitedList
 
-from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES, acceptance_key
+from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES, KV_CACHE_DTYPES, acceptance_key
 
 MAX_ID = 2**31 - 1  # ids are 32-bit INTEGER columns (PostgreSQL); a larger id names nothing
 
@@ -183,6 +183,9 @@ class ScenarioSchema(StrictSchema):
                                metadata={"description": "Tensor-parallel GPUs per replica."})
     target_model = fields.String(required=True, validate=validate.Length(min=1, max=96))
     weights_dtype = fields.String(load_default="bf16", validate=validate.OneOf(WEIGHTS_DTYPES))
+    kv_cache_dtype = fields.String(validate=validate.OneOf(KV_CACHE_DTYPES), metadata={
+        "description": "vLLM's --kv-cache-dtype: \"fp8\" halves the KV cache per token (more sequences fit, less "
+                       "attention traffic); absent = \"auto\", the model's dtype."})
     speculator = fields.Nested(SpeculatorSchema, metadata={
         "description": "The speculation to assess. Absent: the advisor answers each candidate that fits the target "
                        "(n-gram, the catalog's heads and small drafters of its tokenizer) and returns the best, with "

@@ -41,6 +41,7 @@ from scipy.optimize import least_squares, minimize
 
 from advisor.costmodel.speculation import COPY_DRAFTERS
 from advisor.costmodel.acceptance import draft_fraction_at
+from advisor.costmodel.memory import engine_kv_cache_dtype
 from advisor.costmodel.steptime import (default_prefill_params, default_step_time_params, forward_cost,
                                         draft_sampling_s, prefill_compute_s, rejection_sampling_s, step_time_from_cost,
                                         tp_allreduce_s, weight_bytes_read)
@@ -197,6 +198,7 @@ class StepPoint:
     draft_fraction: float = 1.0  # cycles: share of steps that drafted (copy drafters find no match otherwise)
     gpu_count: int = 1  # the engine's tensor-parallel size: weights, KV and FLOPs split over it, plus all-reduces
     samples: tuple[float, ...] = ()  # the probe's repeated timings of this point (``step_s_samples``; older: none)
+    kv_cache_dtype: str = "auto"  # the engine's KV-cache dtype (the attention's bytes per context token)
 
     @property
     def drafter_forwards(self) -> bool:
@@ -206,6 +208,10 @@ class StepPoint:
 
 def _tp(r: Record) -> int:
     return max(1, int(r.engine.get("tensor_parallel_size") or 1))
+
+
+def _kv(r: Record) -> str:
+    return engine_kv_cache_dtype(r.engine) or "auto"
 
 
 def _spec_method(r: Record) -> str | None:
@@ -252,11 +258,11 @@ def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None
             frac = min(1.0, float(v.get("num_drafts") or 0) / per_seq_steps) if copy else 1.0
             ctx = float(v.get("context_len", 0)) + 1.0 + steps * per_cycle / 2.0
             out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"]), temp,
-                                 method, frac, _tp(r), samples))
+                                 method, frac, _tp(r), samples, _kv(r)))
         elif method in (None, "custom_class"):
             kind = "spec_step" if method == "custom_class" and q == 1 else "step"
             out.append(StepPoint(kind, m, None, batch, q, int(q - 1), ctx, float(v["step_s"]), temp,
-                                 gpu_count=_tp(r), samples=samples))
+                                 gpu_count=_tp(r), samples=samples, kv_cache_dtype=_kv(r)))
     return out
 
 
@@ -271,14 +277,14 @@ def predict_points(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimePa
     setup_has_temperature = "temperature" in {f.name for f in dataclasses.fields(CycleSetup)}
     out = np.empty(len(points))
     for i, p in enumerate(points):
-        cost = forward_cost(gpu, p.model, weights_dtype, p.gpu_count)
+        cost = forward_cost(gpu, p.model, weights_dtype, p.gpu_count, p.kv_cache_dtype)
         if p.kind == "step":
             out[i] = float(step_time_from_cost(cost, params, p.batch, p.q, p.context, temperature=p.temperature))
         elif p.kind == "spec_step":  # a speculative engine's step in which nothing was drafted (q = 1)
             out[i] = float(step_time_from_cost(cost, params, p.batch, 1.0, p.context) + params.verify_overhead_s
                            + rejection_sampling_s(params, p.batch, 0.0, p.temperature))
         else:
-            dcost = forward_cost(gpu, p.draft, "bf16", p.gpu_count) if p.draft is not None else None
+            dcost = forward_cost(gpu, p.draft, "bf16", p.gpu_count, p.kv_cache_dtype) if p.draft is not None else None
             pre = default_prefill_params(gpu)
             # decode_context_tokens = prompt + output / 2 = p.context
             extra = {"temperature": p.temperature} if setup_has_temperature else {}
@@ -476,7 +482,7 @@ def _step_start(gpu: GpuSpec, base: StepTimeParams, points: Sequence[StepPoint],
     largest step's excess over it taken as compute (the fit moves both)."""
     steps = [p for p in points if p.kind == "step"] or list(points)
     first = min(steps, key=lambda p: (p.q, p.batch, p.seconds))
-    cost = forward_cost(gpu, first.model, weights_dtype, first.gpu_count)
+    cost = forward_cost(gpu, first.model, weights_dtype, first.gpu_count, first.kv_cache_dtype)
     mem_at_1 = weight_bytes_read(cost, 1.0) / cost.bandwidth_bytes_per_s
     eta_bw = float(np.clip(mem_at_1 / (0.5 * first.seconds), 0.05, 1.0))
     fixed = max(first.seconds - mem_at_1 / eta_bw, 0.0)
@@ -512,7 +518,7 @@ def fit_prefill(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, step_par
     t = np.array([float(r.values["prefill_s"]) for r in recs])
     if len(t) < 2:
         raise ValueError(f"need at least 2 prefill points to fit, got {len(t)}")
-    cost = forward_cost(gpu, model, weights_dtype, _tp(recs[0]))
+    cost = forward_cost(gpu, model, weights_dtype, _tp(recs[0]), _kv(recs[0]))
     default = default_prefill_params(gpu)
 
     def params_of(x: np.ndarray) -> PrefillParams:

@@ -14,7 +14,7 @@ from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, cali
                       finite_json, matching_profile, predict, speedup_point)
 from .priors import prior_acceptance
 from .steptime import default_prefill_params, default_step_time_params, step_time_s
-from .types import (COST_MODEL_VERSION, ENGINES, METHODS, MODEL_KINDS, STRUCTURES, WEIGHTS_DTYPES,
+from .types import (COST_MODEL_VERSION, ENGINES, KV_CACHE_DTYPES, METHODS, MODEL_KINDS, STRUCTURES, WEIGHTS_DTYPES,
                     AcceptanceInput, AcceptanceModel, Calibration, CostModelError, GpuSpec, Issue, MeasuredEngineProfile,
                     ModelSpec,
                     PrefillParams, Scenario, Slo, Speculator, StepTimeParams, TcoLoad, Workload, acceptance_key)
@@ -24,7 +24,7 @@ __all__ = [
     "calibrated_acceptance", "calibration_mismatch",
     "CostModelError", "ENGINES", "MeasuredEngineProfile", "matching_profile", "GO_THRESHOLD", "GpuSpec", "Issue", "METHODS", "MODEL_KINDS", "ModelSpec",
     "Prediction", "PrefillParams", "STRUCTURES", "Scenario", "Slo", "Speculator", "StepTimeParams", "TcoLoad",
-    "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",
+    "KV_CACHE_DTYPES", "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",
     "decide", "default_prefill_params", "default_step_time_params", "dynamic_table", "expected_tokens_iid",
     "finite_json",
     "kv_bytes_per_token", "memory_report", "per_position_rates", "predict", "prior_acceptance", "speedup_point",

@@ -5,10 +5,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .types import CostModelError, GpuSpec, ModelSpec, WEIGHTS_DTYPES
+from .types import KV_CACHE_DTYPES, CostModelError, GpuSpec, ModelSpec, WEIGHTS_DTYPES
 
 GB = 1e9  # decimal GB, as vendors quote VRAM and as vLLM logs "GiB"-rounded figures; docs state the choice
-KV_CACHE_BYTES_PER_ELEMENT = 2  # bf16/fp16 KV cache (vLLM default kv_cache_dtype="auto")
+# bytes per KV element by vLLM's kv_cache_dtype: "auto" = the model's bf16/fp16; "fp8" (e4m3, per-tensor scales)
+KV_CACHE_BYTES_PER_ELEMENT: dict[str, int] = {"auto": 2, "fp8": 1}
 EMBEDDING_BYTES_PER_PARAM = 2  # embeddings and lm_head stay bf16 under fp8/int8/int4 checkpoints (AWQ/GPTQ/llm-compressor)
 # bytes per quantised layer parameter; int4 = 4 bits + one fp16 scale per 128-weight group (AWQ/GPTQ, group_size=128)
 BYTES_PER_PARAM: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2.0 / 128}
@@ -28,6 +29,13 @@ def engine_weights_dtype(settings: dict[str, Any]) -> str | None:
     None where neither says (dtype 'auto' is the checkpoint's own)."""
     return (ENGINE_QUANTIZATIONS.get(str(settings.get("quantization") or "").lower())
             or ENGINE_DTYPES.get(str(settings.get("dtype") or "").lower()))
+
+
+def engine_kv_cache_dtype(settings: dict[str, Any]) -> str | None:
+    """The KV-cache dtype an engine ran with (KV_CACHE_DTYPES), from vLLM's ``kv_cache_dtype`` argument (fp8,
+    fp8_e4m3 and fp8_e5m2 are one byte; auto, bfloat16 and float16 two); None where not recorded."""
+    kv = settings.get("kv_cache_dtype")
+    return None if kv is None else ("fp8" if str(kv).lower().startswith("fp8") else "auto")
 
 
 def bytes_per_param(weights_dtype: str) -> float:
@@ -95,13 +103,21 @@ def weights_bytes(model: ModelSpec, weights_dtype: str = "bf16") -> float:
     return layer_params * bytes_per_param(weights_dtype) + embed_params * EMBEDDING_BYTES_PER_PARAM
 
 
-def kv_bytes_per_token(model: ModelSpec, gpu_count: int = 1) -> int:
-    """KV bytes per token over all GPUs: layers × 2 (K,V) × kv_heads × head_dim × 2 B (design.md §3).
+def kv_cache_bytes_per_element(kv_cache_dtype: str) -> int:
+    if kv_cache_dtype not in KV_CACHE_BYTES_PER_ELEMENT:
+        raise CostModelError("kv_cache_dtype", f"unknown KV-cache dtype '{kv_cache_dtype}'; one of "
+                                               f"{', '.join(KV_CACHE_DTYPES)}")
+    return KV_CACHE_BYTES_PER_ELEMENT[kv_cache_dtype]
+
+
+def kv_bytes_per_token(model: ModelSpec, gpu_count: int = 1, kv_cache_dtype: str = "auto") -> int:
+    """KV bytes per token over all GPUs: layers × 2 (K,V) × kv_heads × head_dim × bytes per element (design.md §3;
+    2 B, or 1 B for vLLM's fp8 KV cache).
 
     Under tensor parallelism KV heads are split; with fewer KV heads than GPUs vLLM replicates them.
     """
     kv_heads_per_gpu = math.ceil(model.num_kv_heads / gpu_count)
-    per_gpu = model.num_layers * 2 * kv_heads_per_gpu * model.head_dim * KV_CACHE_BYTES_PER_ELEMENT
+    per_gpu = model.num_layers * 2 * kv_heads_per_gpu * model.head_dim * kv_cache_bytes_per_element(kv_cache_dtype)
     return per_gpu * gpu_count
 
 
@@ -137,15 +153,16 @@ class MemoryReport:
 def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, concurrency: float,
                   context_tokens: int, weights_dtype: str = "bf16", gpu_count: int = 1,
                   gpu_memory_utilization: float = 0.92, vram_gb: float | None = None,
-                  speculative_tokens: int = 0) -> MemoryReport:
-    """VRAM × util − weights − reserve = KV space, shared by target and draft caches (design.md §3)."""
+                  speculative_tokens: int = 0, kv_cache_dtype: str = "auto") -> MemoryReport:
+    """VRAM × util − weights − reserve = KV space, shared by target and draft caches (design.md §3); the drafter's
+    cache has the target's KV-cache dtype (vLLM allocates both from one cache config)."""
     per_gpu_gb = vram_gb if vram_gb is not None else gpu.memory_gb
     usable = per_gpu_gb * GB * gpu_memory_utilization * gpu_count
     target_w = weights_bytes(target, weights_dtype)
     draft_w = weights_bytes(draft, "bf16") if draft is not None else 0.0  # drafters ship in bf16
     reserve = activation_reserve_bytes(target, gpu_count) * gpu_count
-    kv_t = kv_bytes_per_token(target, gpu_count)
-    kv_d = kv_bytes_per_token(draft, gpu_count) if draft is not None else 0
+    kv_t = kv_bytes_per_token(target, gpu_count, kv_cache_dtype)
+    kv_d = kv_bytes_per_token(draft, gpu_count, kv_cache_dtype) if draft is not None else 0
     space_base = usable - target_w - reserve
     space_spec = space_base - draft_w
     per_seq_base = context_tokens * kv_t

@@ -105,6 +105,7 @@ class PlanInput:
     growth: tuple[float, ...] = (1.0,)
     tp_sizes: tuple[int, ...] | None = None
     weights_dtype: str = "bf16"
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype (KV capacity and the attention's bytes)
     length_spread: float = 0.0  # lengths uniform in mean·(1 ± spread) (vLLM bench's random-range-ratio)
     hours_per_month: float = 730.0
     gpu_memory_utilization: float = 0.92
@@ -135,7 +136,8 @@ def tp_candidates(plan: PlanInput, offer: GpuOffer) -> list[int]:
         return sorted(set(plan.tp_sizes))
     ctx = plan.prompt_tokens + plan.output_tokens
     for i, tp in enumerate(TP_SIZES):
-        mem = memory_report(offer.gpu, plan.target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization)
+        mem = memory_report(offer.gpu, plan.target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
+                            kv_cache_dtype=plan.kv_cache_dtype)
         if mem.fits_baseline:
             return list(TP_SIZES[i:i + MAX_TP_CHOICES])
     return [TP_SIZES[-1]]
@@ -299,13 +301,14 @@ def _validate(plan: PlanInput) -> None:
 def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, Any]]:
     gpu, target = offer.gpu, plan.target
     ctx = plan.prompt_tokens + plan.output_tokens
-    mem = memory_report(gpu, target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization)
+    mem = memory_report(gpu, target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
+                        kv_cache_dtype=plan.kv_cache_dtype)
     base_row = _row(plan, offer, tp, "baseline", None)
     if not mem.fits_baseline:
         why = (f"does not fit: {mem.target_weights_gb:.1f} GB of weights + activations leave no KV space for a "
                f"{ctx}-token request on {tp}× {gpu.name} ({mem.usable_gb * tp:.0f} GB usable)")
         return [_infeasible(base_row, why), _infeasible(_row(plan, offer, tp, "speculative", None), why)]
-    cost = forward_cost(gpu, target, plan.weights_dtype, tp)
+    cost = forward_cost(gpu, target, plan.weights_dtype, tp, plan.kv_cache_dtype)
     limits = EngineLimits(kv_capacity_tokens(mem.kv_space_gb_baseline, mem.kv_bytes_per_token_target),
                           plan.max_num_seqs, plan.max_num_batched_tokens)
     base = _Mode(StepModel(cost, offer.step, offer.prefill, temperature=plan.temperature), limits, None)
@@ -319,11 +322,11 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
     for cand in plan.speculators:
         kmax = cand.num_speculative_tokens
         smem = memory_report(gpu, target, cand.draft, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
-                             None, kmax or MAX_K)
+                             None, kmax or MAX_K, plan.kv_cache_dtype)
         if not smem.fits:
             reasons.append(f"{_spec_name(cand)}: drafter + KV do not fit")
             continue
-        dcost = forward_cost(gpu, cand.draft, "bf16", tp) if cand.draft is not None else None
+        dcost = forward_cost(gpu, cand.draft, "bf16", tp, plan.kv_cache_dtype) if cand.draft is not None else None
         target_step, draft_step = offer.speculative_steps(cand.draft, cand.method)
         smodel = StepModel(cost, target_step, offer.prefill, dcost, draft_step, plan.temperature)
         slimits = replace(limits, kv_capacity_tokens=kv_capacity_tokens(

@@ -15,7 +15,7 @@ from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fract
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
-from .memory import MemoryReport, memory_report, resident_sequences
+from .memory import MemoryReport, kv_cache_bytes_per_element, memory_report, resident_sequences
 from .priors import prior_acceptance
 from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
                           stack_grids)
@@ -66,6 +66,7 @@ def _validate(s: Scenario, draft: ModelSpec | None) -> None:
         raise CostModelError("workload.structure", f"unknown structure '{w.structure}'; one of {', '.join(STRUCTURES)}")
     if s.weights_dtype not in WEIGHTS_DTYPES:
         raise CostModelError("weights_dtype", f"unknown dtype '{s.weights_dtype}'; one of {', '.join(WEIGHTS_DTYPES)}")
+    kv_cache_bytes_per_element(s.kv_cache_dtype)  # validates the KV-cache dtype
     if not 0.0 <= w.temperature <= 2.0:
         raise CostModelError("workload.temperature", "must be in [0, 2]")
     if w.prompt_tokens < 1:
@@ -158,6 +159,8 @@ def calibration_mismatch(calibration: Calibration, s: Scenario, gpu: GpuSpec) ->
         out.append(f"measured {calibration.weights_dtype} weights, not {s.weights_dtype}")
     if calibration.tensor_parallel_size and calibration.tensor_parallel_size != s.gpu_count:
         out.append(f"measured at tensor-parallel size {calibration.tensor_parallel_size}, not {s.gpu_count}")
+    if calibration.kv_cache_dtype and calibration.kv_cache_dtype != s.kv_cache_dtype:
+        out.append(f"measured with KV-cache dtype {calibration.kv_cache_dtype}, not {s.kv_cache_dtype}")
     if calibration.engine_mode == "eager" and gpu.gpu_class != "cpu":
         out.append("measured without CUDA graphs (enforce_eager); vLLM serves with them")
     wanted = minor_version(s.vllm_version)
@@ -250,8 +253,8 @@ def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = No
     s = ctx.scenario
     method = method or s.speculator.method
     draft = ctx.draft if draft is None and method == s.speculator.method else draft
-    tc = forward_cost(ctx.gpu, ctx.target, s.weights_dtype, s.gpu_count)
-    dc = forward_cost(ctx.gpu, draft, "bf16", s.gpu_count) if draft is not None else None
+    tc = forward_cost(ctx.gpu, ctx.target, s.weights_dtype, s.gpu_count, s.kv_cache_dtype)
+    dc = forward_cost(ctx.gpu, draft, "bf16", s.gpu_count, s.kv_cache_dtype) if draft is not None else None
     width = 1.0
     tree = s.speculator.num_verify_tokens if method == s.speculator.method else None
     if tree is None and method in ("eagle", "eagle3"):
@@ -484,7 +487,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     expected, low, high = x0, min(float(pct[0, 0]), x0), max(float(pct[1, 0]), x0)  # point, and the interval widened to contain it
 
     mem = memory_report(gpu, target, ctx.draft, conc_spec, context_tokens, s.weights_dtype, s.gpu_count,
-                        s.gpu_memory_utilization, s.vram_gb, k)
+                        s.gpu_memory_utilization, s.vram_gb, k, s.kv_cache_dtype)
     answer = _assemble(ctx, grid, pct[:, 1:], batch, ib, isp, curve_idx, k, (expected, low, high), mem, checks,
                        conc_base, conc_spec, conc_source, saturated, compared, (res_b, res_s))
     return _prediction(answer)
@@ -496,7 +499,7 @@ def _capacity(ctx: Context) -> tuple[MemoryReport, float, float]:
     s, w = ctx.scenario, ctx.scenario.workload
     k_mem = s.speculator.num_speculative_tokens or ctx.k_ref
     mem = memory_report(ctx.gpu, ctx.target, ctx.draft, 1, w.prompt_tokens + w.output_tokens, s.weights_dtype,
-                        s.gpu_count, s.gpu_memory_utilization, s.vram_gb, k_mem)
+                        s.gpu_count, s.gpu_memory_utilization, s.vram_gb, k_mem, s.kv_cache_dtype)
     res_b = float(max(resident_sequences(mem.kv_space_gb_baseline, mem.kv_bytes_per_token_target, w.prompt_tokens,
                                          w.output_tokens), 1))
     res_s = float(max(resident_sequences(mem.kv_space_gb, mem.kv_bytes_per_token_target
@@ -724,7 +727,8 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
         "methods": methods,
         "tco": tco,
         "vllm": {"speculative_config": vcfg,
-                 "serve_flags": serve_flags(ctx.target, vcfg, s.gpu_count, s.gpu_memory_utilization, s.weights_dtype)},
+                 "serve_flags": serve_flags(ctx.target, vcfg, s.gpu_count, s.gpu_memory_utilization, s.weights_dtype,
+                                            s.kv_cache_dtype)},
         "checks": [i.to_dict() for i in checks],
         "sources": dict(ctx.catalog_sources),  # catalog row → its datasheet / config.json source
         "cost_model_version": COST_MODEL_VERSION,

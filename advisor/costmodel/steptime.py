@@ -155,7 +155,8 @@ class ForwardCost:
 
 
 @lru_cache(maxsize=512)
-def forward_cost(gpu: GpuSpec, model: ModelSpec, weights_dtype: str = "bf16", gpu_count: int = 1) -> ForwardCost:
+def forward_cost(gpu: GpuSpec, model: ModelSpec, weights_dtype: str = "bf16", gpu_count: int = 1,
+                 kv_cache_dtype: str = "auto") -> ForwardCost:
     if gpu_count < 1:
         raise CostModelError("gpu_count", "must be >= 1")
     bpp = bytes_per_param(weights_dtype)
@@ -169,7 +170,7 @@ def forward_cost(gpu: GpuSpec, model: ModelSpec, weights_dtype: str = "bf16", gp
         head_bytes=head * EMBEDDING_BYTES_PER_PARAM / g,
         flops_per_token=2.0 * active_params_per_token(model) / g,  # 2 FLOPs per multiply-add
         attn_flops_per_token_per_ctx=4.0 * model.num_layers * model.num_attention_heads * model.head_dim / g,
-        kv_bytes_per_ctx_token=kv_bytes_per_token(model, gpu_count) / g,
+        kv_bytes_per_ctx_token=kv_bytes_per_token(model, gpu_count, kv_cache_dtype) / g,
         num_layers=model.num_layers, hidden_size=model.hidden_size,
         bandwidth_bytes_per_s=gpu.hbm_bandwidth_gb_per_s * 1e9, peak_flops_per_s=peak_flops_per_s(gpu, weights_dtype),
         gpu_count=gpu_count,

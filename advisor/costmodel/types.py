@@ -11,6 +11,7 @@ METHODS: tuple[str, ...] = ("draft_model", "eagle", "eagle3", "ngram", "suffix",
 # Accepted by predict() for validation against published Medusa rows; not advertised by the API.
 INTERNAL_METHODS: tuple[str, ...] = ("medusa",)
 WEIGHTS_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype: "auto" = the model's dtype (bf16)
 MODEL_KINDS: tuple[str, ...] = ("causal_lm", "eagle_head", "eagle3_head", "mtp_head")
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "hf")
 
@@ -154,6 +155,7 @@ class Scenario:
     hours_per_month: float = 730.0
     engine: str = "vllm"  # ENGINES; per-engine overhead defaults (validation rows from SGLang / HF)
     vllm_version: str | None = None  # "0.24": use the measured engine profile of this GPU × vLLM version, if any
+    kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES: "fp8" halves the KV cache's bytes per token
 
 
 @dataclass(frozen=True)
@@ -271,12 +273,13 @@ class Calibration:
     tensor_parallel_size: int | None = None
     engine_mode: str | None = None
     vllm_version: str | None = None  # major.minor of the vLLM the run drove
+    kv_cache_dtype: str | None = None  # KV_CACHE_DTYPES
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "hardware": self.hardware,
             "weights_dtype": self.weights_dtype, "tensor_parallel_size": self.tensor_parallel_size,
-            "engine_mode": self.engine_mode, "vllm_version": self.vllm_version,
+            "engine_mode": self.engine_mode, "vllm_version": self.vllm_version, "kv_cache_dtype": self.kv_cache_dtype,
             "step_time": {k: v.to_dict() for k, v in self.step_time.items()},
             "prefill": {k: v.to_dict() for k, v in self.prefill.items()},
             "acceptance": {k: v.to_dict() for k, v in self.acceptance.items()},
@@ -301,6 +304,7 @@ class Calibration:
             tensor_parallel_size=int(data["tensor_parallel_size"]) if data.get("tensor_parallel_size") else None,
             engine_mode=data.get("engine_mode"),
             vllm_version=minor_version(data.get("vllm_version")),
+            kv_cache_dtype=data.get("kv_cache_dtype"),
         )
 
 

@@ -32,11 +32,13 @@ def speculative_config(method: str, k: int, draft: ModelSpec | None,
 
 
 def serve_flags(target: ModelSpec, config: dict[str, Any], gpu_count: int, gpu_memory_utilization: float,
-                weights_dtype: str) -> str:
+                weights_dtype: str, kv_cache_dtype: str = "auto") -> str:
     parts = ["vllm", "serve", repo_of(target) or target.name,
              "--speculative-config", _COMPACT_JSON.encode(config),
              "--tensor-parallel-size", str(gpu_count),
              "--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     if weights_dtype == "fp8":
         parts += ["--quantization", "fp8"]
+    if kv_cache_dtype != "auto":
+        parts += ["--kv-cache-dtype", kv_cache_dtype]
     return " ".join(shlex.quote(p) for p in parts)

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from .. import costmodel
-from ..costmodel.memory import engine_weights_dtype
+from ..costmodel.memory import engine_kv_cache_dtype, engine_weights_dtype
 from ..errors import ApiError
 from ..extensions import db
 from ..models import CalibrationRun, FittedParameters, ProbeMeasurement, utcnow
@@ -210,12 +210,12 @@ def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | N
 
 
 def measured_conditions(config: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
-    """Weights dtype, tensor-parallel size and engine mode a run measured under, from the engine settings its
+    """Weights dtype, KV-cache dtype, tensor-parallel size and engine mode a run measured under, from the engine settings its
     probes recorded (else the request's); None where not recorded (e.g. dtype 'auto' = the checkpoint's)."""
     settings = {**(config.get("engine") or {}), **(engine or {})}
     dtype = config.get("weights_dtype") or engine_weights_dtype(settings)
     eager = settings.get("enforce_eager")
-    return {"weights_dtype": dtype,
+    return {"weights_dtype": dtype, "kv_cache_dtype": engine_kv_cache_dtype(settings),
             "tensor_parallel_size": int(settings["tensor_parallel_size"]) if settings.get("tensor_parallel_size")
             else None,
             "engine_mode": None if eager is None else ("eager" if eager else "graphs")}

@@ -114,7 +114,8 @@ def plan_input(data: dict[str, Any]) -> tuple[PlanInput, dict[str, str]]:
         slo=PlanSlo(float(slo.get("percentile", 90)), slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("latency_ms")),
         offers=tuple(offers), speculators=tuple(specs), growth=tuple(load.get("growth") or (1.0,)),
         tp_sizes=tuple(data["tensor_parallel_sizes"]) if data.get("tensor_parallel_sizes") else None,
-        weights_dtype=data.get("weights_dtype", "bf16"), length_spread=w.get("length_spread", 0.0),
+        weights_dtype=data.get("weights_dtype", "bf16"), kv_cache_dtype=data.get("kv_cache_dtype", "auto"),
+        length_spread=w.get("length_spread", 0.0),
         hours_per_month=data.get("hours_per_month", 730.0),
         gpu_memory_utilization=data.get("gpu_memory_utilization", 0.92),
         max_num_seqs=data.get("max_num_seqs", 256), max_num_batched_tokens=data.get("max_num_batched_tokens", 8192))

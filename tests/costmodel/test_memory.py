@@ -42,6 +42,21 @@ def test_seed_datum_weights(models):
     assert cm.weights_bytes(models["llama-3.2-1b-instruct"]) / GB == pytest.approx(2.5, rel=0.02)
 
 
+def test_fp8_kv_cache_halves_the_bytes_and_doubles_what_fits(gpus, models):
+    """vLLM's --kv-cache-dtype fp8: one byte per K/V element, for the drafter's cache too (one cache config)."""
+    m, d = models["llama-3.1-8b-instruct"], models["llama-3.2-1b-instruct"]
+    assert cm.kv_bytes_per_token(m, kv_cache_dtype="fp8") == 32 * 2 * 8 * 128 * 1 == 65536
+    auto = cm.memory_report(gpus["H100-SXM"], m, d, 1, 32_768, speculative_tokens=3)
+    fp8 = cm.memory_report(gpus["H100-SXM"], m, d, 1, 32_768, speculative_tokens=3, kv_cache_dtype="fp8")
+    assert fp8.kv_bytes_per_token_draft == auto.kv_bytes_per_token_draft // 2 == 16 * 2 * 8 * 64
+    assert fp8.kv_space_gb == auto.kv_space_gb  # the same space, twice the tokens
+    assert fp8.max_concurrency_speculative in (2 * auto.max_concurrency_speculative,
+                                               2 * auto.max_concurrency_speculative + 1)
+    with pytest.raises(cm.CostModelError) as err:
+        cm.kv_bytes_per_token(m, kv_cache_dtype="int4")
+    assert err.value.field == "kv_cache_dtype"
+
+
 def test_unknown_dtype_names_field(models):
     with pytest.raises(cm.CostModelError) as err:
         cm.weights_bytes(models["llama-3.1-8b-instruct"], "fp4")

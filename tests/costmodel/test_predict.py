@@ -102,6 +102,26 @@ def test_tokenizer_mismatch_is_no_go(gpus, models, make_scenario):
     assert any("tokenizer mismatch" in r for r in d["reasons"])
 
 
+def test_fp8_kv_cache_at_long_context(gpus, models, make_scenario):
+    """An fp8 KV cache halves the attention's reads: at 32 sequences of 16k tokens the KV read (≈ 69 GB per step)
+    outweighs the 16 GB of weights, so a decode step is markedly faster; the serve flags carry it, and a calibration
+    measured with the other KV-cache dtype is not used."""
+    long = dict(concurrency=32, prompt_tokens=16_384, output_tokens=512)
+    auto = _predict(gpus, models, make_scenario(**long)).to_dict()
+    fp8 = _predict(gpus, models, make_scenario(kv_cache_dtype="fp8", **long)).to_dict()
+    assert fp8["tpot_ms"]["baseline"] < 0.75 * auto["tpot_ms"]["baseline"]
+    assert fp8["memory"]["kv_bytes_per_token_target"] * 2 == auto["memory"]["kv_bytes_per_token_target"]
+    assert "--kv-cache-dtype fp8" in fp8["vllm"]["serve_flags"]
+    assert "--kv-cache-dtype" not in auto["vllm"]["serve_flags"]
+    cal = cm.Calibration(0, "H100-SXM", {}, {}, {}, 8, (0.0, 0.0), kv_cache_dtype="auto")
+    assert cm.calibration_mismatch(cal, make_scenario(kv_cache_dtype="fp8"), gpus["H100-SXM"]) == (
+        "measured with KV-cache dtype auto, not fp8",)
+    assert cm.calibration_mismatch(cal, make_scenario(), gpus["H100-SXM"]) == ()
+    with pytest.raises(cm.CostModelError) as err:
+        _predict(gpus, models, make_scenario(kv_cache_dtype="fp4"))
+    assert err.value.field == "kv_cache_dtype"
+
+
 def test_concurrency_beyond_the_drafters_kv_queues(gpus, models, make_scenario):
     sc = make_scenario(gpu="RTX-3090", method="draft_model", draft_model="llama-3.2-1b-instruct", acceptance=None,
                        concurrency=64, prompt_tokens=2048, output_tokens=1024)

@@ -132,8 +132,12 @@ def test_service_keys_fits_by_the_drafter_really_measured():
     assert measured_drafter({}, "ngram", "t") is None
     assert measured_conditions({"engine": {"dtype": "bfloat16"}}, {"enforce_eager": False,
                                                                     "tensor_parallel_size": 2}) == \
-        {"weights_dtype": "bf16", "tensor_parallel_size": 2, "engine_mode": "graphs"}
+        {"weights_dtype": "bf16", "kv_cache_dtype": None, "tensor_parallel_size": 2, "engine_mode": "graphs"}
     assert measured_conditions({}, {"dtype": "auto"})["weights_dtype"] is None
+    # run 11's engines: vLLM's own fp8 (its dtype says only bfloat16), an fp8 KV cache in vLLM's spelling
+    got = measured_conditions({}, {"dtype": "bfloat16", "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"})
+    assert (got["weights_dtype"], got["kv_cache_dtype"]) == ("fp8", "fp8")
+    assert measured_conditions({}, {"kv_cache_dtype": "auto", "quantization": "awq"})["weights_dtype"] == "int4"
 
 
 # --- one function, one answer ---------------------------------------------------------------------------------

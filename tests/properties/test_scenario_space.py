@@ -63,6 +63,7 @@ def scenarios(draw) -> cm.Scenario:
                        speculator=cm.Speculator(method, draft, k), workload=workload,
                        gpu_count=draw(st.sampled_from([1, 1, 2, 4, 8])),
                        weights_dtype=draw(st.sampled_from(["bf16", "bf16", "fp8", "int4"])),
+                       kv_cache_dtype=draw(st.sampled_from(cm.KV_CACHE_DTYPES)),
                        acceptance=acceptance)
 
 
