@@ -608,6 +608,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
     parser.add_argument("--only", default=None, help="calibrate: plan engines whose label starts with one of these; measure: engine labels")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine (calibrate, measure)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON", dest="sets",
+                        help="calibrate: any ProbeConfig field, e.g. --set context_len=8192 --set kv_cache_dtype='\"fp8\"'")
     parser.add_argument("--quantization", default=None,
                         help="the target's vLLM quantization in every engine, e.g. fp8 (calibrate, measure)")
     parser.add_argument("--drafter", default=DRAFT,
@@ -638,6 +640,10 @@ def main(args: argparse.Namespace) -> int:
         variant = {k: v for k, v in (("cycle_decode_tokens", args.cycle_tokens),
                                      ("verify_engine_per_k", args.verify_per_k or None),
                                      ("quantization", args.quantization)) if v is not None}
+        for item in args.sets:
+            key, _, value = item.partition("=")
+            value = json.loads(value)
+            variant[key] = tuple(value) if isinstance(value, list) else value
         return calibrate(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
                          args.second_cycle_k, **variant)
     if args.phase == "measure":
