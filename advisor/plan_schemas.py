@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES, KV_CACHE_DTYPES
+from .costmodel import KV_CACHE_DTYPES, METHODS, STRUCTURES, WEIGHTS_DTYPES
 from .schemas import VLLM_VERSION, AcceptanceSchema, StrictSchema, _positive
 
 MAX_LOAD_LEVELS = 8

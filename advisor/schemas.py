@@ -8,7 +8,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 from webargs.fields import DelimitedList
 
-from .costmodel import METHODS, STRUCTURES, WEIGHTS_DTYPES, KV_CACHE_DTYPES, acceptance_key
+from .costmodel import KV_CACHE_DTYPES, METHODS, STRUCTURES, WEIGHTS_DTYPES, acceptance_key
 
 MAX_ID = 2**31 - 1  # ids are 32-bit INTEGER columns (PostgreSQL); a larger id names nothing
 
