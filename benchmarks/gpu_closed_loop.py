@@ -532,11 +532,29 @@ PROFILE_BEHAVIOUR = ("a separate draft model runs without CUDA graphs",
                      "async scheduling is off with draft-model and n-gram speculation")
 
 
-def write_profile(workdir: Path, vllm_version: str = "0.24") -> dict:
+PROFILE_LONG_CONTEXT = Path("benchmarks/data/h200-vllm0.24-kv/kv-auto.jsonl")  # run 12: decode at 8k, bf16 KV
+
+
+def with_target_steps(records: list[dict], extra: list[dict]) -> list[dict]:
+    """``records`` plus ``extra``'s plain decode steps of the same target shape (another run's target engine, e.g.
+    run 12's long-context steps), taken as this run's target engine's. The plan's decode steps run at a 128-token
+    context, where the bandwidth efficiency and the per-step overhead cannot be told apart; steps at a long context
+    can (their KV read is most of the step). CUDA-graph steps of the target agree within 2-3 % across leases."""
+    target = next(r for r in records if r["params"]["engine"]["label"] == "target")["params"]["engine"]
+    steps = [r for r in extra if r["probe"] == "step_time" and not r["params"]["engine"].get("speculative_config")]
+    return records + [{**r, "params": {**r["params"], "engine": {**target, "kv_cache_dtype":
+                                                                 r["params"]["engine"].get("kv_cache_dtype", "auto")}}}
+                      for r in steps]
+
+
+def write_profile(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, ...] = ()) -> dict:
     """The run's fit as the shipped engine profile of H200-SXM × this vLLM version (advisor/data/engine_profiles.json).
     A run of the default drafter replaces the profile's timing (and its own drafter entry); a run of another
-    drafter (an EAGLE head) adds or replaces only that drafter's entry in ``drafters``."""
+    drafter (an EAGLE head) adds or replaces only that drafter's entry in ``drafters``. ``extra``: record files
+    whose target decode steps join the fit (:func:`with_target_steps`)."""
     records = calibration_records(workdir)
+    for path in extra:
+        records = with_target_steps(records, load_jsonl(REPO_ROOT / path))
     drafter = run_drafter(records)
     gpu, target, draft = catalog_specs(drafter)
     cal, _ = build_gpu_calibration(records, gpu, target, draft)
@@ -550,7 +568,8 @@ def write_profile(workdir: Path, vllm_version: str = "0.24") -> dict:
     old = next((p for p in data["items"] if p["name"] == name), None)
     source = (f"benchmarks/gpu_closed_loop.py calibrate on {env.get('gpu_name')} (vLLM {env.get('vllm_version')}, "
               f"torch {env.get('torch_version')}, CUDA {env.get('cuda_version')}): {TARGET}- and {drafter}-shaped "
-              f"dummy weights, bf16, CUDA graphs; records in {workdir.relative_to(REPO_ROOT)}")
+              f"dummy weights, bf16, CUDA graphs; records in {workdir.relative_to(REPO_ROOT)}"
+              + "".join(f", with the target's decode steps of {p}" for p in extra))
     if drafter == DRAFT or old is None:
         profile = {
             "name": name, "gpu": gpu.name, "vllm_version": vllm_version,
@@ -627,6 +646,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-json", type=Path, default=None)
     parser.add_argument("--calibration", type=Path, default=None,
                         help="analyze: the run whose calibration predicts --workdir's measurements (default: the same)")
+    parser.add_argument("--extra-records", type=Path, action="append", default=[],
+                        help="profile: record files (repo-relative) whose target decode steps join the fit")
     parser.add_argument("--profile", action="store_true",
                         help="analyze: predict from the shipped engine profile (H200-SXM x vLLM 0.24), no calibration")
     parser.add_argument("--remeasured", type=Path, action="append", default=[],
@@ -656,7 +677,7 @@ def main(args: argparse.Namespace) -> int:
                         args.workdir / "measurements.jsonl", args.tp, args.held, args.quantization)
         return 0
     if args.phase == "profile":
-        print(json.dumps(write_profile(args.workdir.resolve()), indent=1))
+        print(json.dumps(write_profile(args.workdir.resolve(), extra=tuple(args.extra_records)), indent=1))
         return 0
     return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured), args.profile)
 

@@ -36,6 +36,10 @@ CLASS_INTERCONNECT_GB_PER_S: dict[str, float] = {  # all-reduce bus bandwidth pe
     "consumer": 12.0,  # PCIe 4 x16
     "cpu": 10.0,
 }
+# An fp8 KV cache stores one byte per element, but vLLM 0.24's FLASH_ATTN reads it at ~70 % of a bf16 cache's bytes
+# per second (it dequantises in the kernel): a context token costs 0.72x bf16's read time, not 0.5x (H200, run 12:
+# benchmarks/kv_cache_dtype.py). The read is priced as this many bytes per stored byte.
+KV_READ_COST_PER_BYTE: dict[str, float] = {"auto": 1.0, "fp8": 1.44}
 ALLREDUCE_LATENCY_S = 8e-6  # NCCL small-message all-reduce latency within a node (NCCL tests, 8×H100)
 
 
@@ -144,7 +148,7 @@ class ForwardCost:
     head_bytes: float  # lm_head + head extras (bf16)
     flops_per_token: float
     attn_flops_per_token_per_ctx: float
-    kv_bytes_per_ctx_token: float
+    kv_bytes_per_ctx_token: float  # the attention's read per context token, priced at its kernel's rate
     num_layers: int
     hidden_size: int
     bandwidth_bytes_per_s: float
@@ -170,7 +174,8 @@ def forward_cost(gpu: GpuSpec, model: ModelSpec, weights_dtype: str = "bf16", gp
         head_bytes=head * EMBEDDING_BYTES_PER_PARAM / g,
         flops_per_token=2.0 * active_params_per_token(model) / g,  # 2 FLOPs per multiply-add
         attn_flops_per_token_per_ctx=4.0 * model.num_layers * model.num_attention_heads * model.head_dim / g,
-        kv_bytes_per_ctx_token=kv_bytes_per_token(model, gpu_count, kv_cache_dtype) / g,
+        kv_bytes_per_ctx_token=kv_bytes_per_token(model, gpu_count, kv_cache_dtype) / g
+        * KV_READ_COST_PER_BYTE[kv_cache_dtype],
         num_layers=model.num_layers, hidden_size=model.hidden_size,
         bandwidth_bytes_per_s=gpu.hbm_bandwidth_gb_per_s * 1e9, peak_flops_per_s=peak_flops_per_s(gpu, weights_dtype),
         gpu_count=gpu_count,

@@ -96,8 +96,11 @@ def test_analysis_is_reproducible(tmp_path, capsys):
     assert _same(json.loads(out.read_text())["summary"], json.loads((RUN / "closed-loop-result.json").read_text())["summary"])
 
 
-def test_shipped_profile_is_the_fit(fitted):
-    cal, _ = fitted
+def test_shipped_profile_is_the_fit(specs):
+    """The profile is run 1's fit with run 12's long-context decode steps (``profile --extra-records``)."""
+    gpu, target, draft = specs
+    records = gcl.with_target_steps(gcl.calibration_records(RUN), gcl.load_jsonl(gcl.REPO_ROOT / gcl.PROFILE_LONG_CONTEXT))
+    cal, _ = gcl.build_gpu_calibration(records, gpu, target, draft)
     items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
     profile = MeasuredEngineProfile.from_dict(next(p for p in items if p["name"] == "H200-SXM × vLLM 0.24"))
     assert _same(dataclasses.asdict(profile.step_time), dataclasses.asdict(cal.step_time[gcl.TARGET]))
@@ -560,8 +563,8 @@ def test_fp8_run_fits_at_fp8_and_the_bf16_profile_prices_fp8(specs, tmp_path, ca
     fresh node (154.4 s again). The fit is keyed and fitted at fp8 (the jobs' fit read bf16 before); fp8 decode
     steps are ~0.7x bf16's (B = 1: 3.30 against 4.73 ms in run 10). Against both measurements the run's own
     calibration predicts within 6.3 % (35 / 36 signs) and the shipped bf16 profile, priced at fp8 weights as a
-    scenario with ``vllm_version`` gets it, within 8.8 % (35 / 36); a calibration of other weights is never
-    substituted (the uncalibrated prior instead: 83 %)."""
+    scenario with ``vllm_version`` gets it, within 11.3 % (34 / 36; 8.8 % and 35 / 36 before run 12's long-context
+    steps joined its fit); a calibration of other weights is never substituted (the uncalibrated prior: 83 %)."""
     from calibration import jobs
 
     walls = [json.loads((run / "calibration-run.json").read_text()) for run in
@@ -598,9 +601,9 @@ def test_fp8_run_fits_at_fp8_and_the_bf16_profile_prices_fp8(specs, tmp_path, ca
         got = json.loads(out.read_text())
         assert _same(got["summary"], json.loads((RUN_FP8 / out.name).read_text())["summary"]), name
         medians[name] = got["summary"]["median_abs_error"]
-        assert got["summary"]["sign_right"] >= 33 and got["summary"]["interval_coverage"] >= 0.94
+        assert got["summary"]["sign_right"] >= (34 if pooled else 32) and got["summary"]["interval_coverage"] >= 0.94
     capsys.readouterr()
-    assert medians["closed-loop-result-pooled"] < 0.07 and medians["closed-loop-result-profile-pooled"] < 0.09
+    assert medians["closed-loop-result-pooled"] < 0.07 and medians["closed-loop-result-profile-pooled"] < 0.12
     assert max(medians.values()) < 0.16
     points, _ = gcl.predict_measurements(RUN_FP8, gcl.calibration_records(RUN))  # a bf16 calibration: not used
     assert statistics.median(abs(p.error) for p in points) > 0.5
@@ -609,11 +612,11 @@ def test_fp8_run_fits_at_fp8_and_the_bf16_profile_prices_fp8(specs, tmp_path, ca
 def test_kv_cache_dtype_capacity_and_long_context_steps():
     """Run 12 (benchmarks/kv_cache_dtype.py): the target alone at an 8k-token context, once per KV-cache dtype.
     vLLM's KV capacity doubles with fp8 (the memory model's bytes per token: 131,072 -> 65,536), and its 111.6 GiB
-    hold exactly what those bytes say (up to vLLM's 16-token blocks and the log's rounding). The shipped profile
-    prices a bf16-KV decode step at B = 32 and 8k context 28 % slow: its fit, from 128-token contexts, cannot tell
-    the bandwidth efficiency from the per-step overhead. Refitted with the long-context steps it comes within 3 %,
-    rms unchanged; the fp8-KV steps then come out 15 % fast (vLLM's fp8 attention reads its half bytes at ~70 % of
-    bf16's rate), where the shipped profile happens to match them."""
+    hold exactly what those bytes say (up to vLLM's 16-token blocks and the log's rounding). Run 1's fit alone (the
+    profile before) priced a bf16-KV decode step at B = 32 and 8k context 28 % slow: from 128-token contexts it
+    cannot tell the bandwidth efficiency from the per-step overhead (0.64 and 0 ms). The shipped profile, fitted
+    with these long-context steps too (0.90 and 1.32 ms), comes within 3 %; the fp8-KV steps, priced with an fp8
+    read at 1.44 bytes per byte (set from them: vLLM 0.24 reads an fp8 cache at ~70 % of bf16's rate), within 2 %."""
     from benchmarks import kv_cache_dtype as kvb
 
     got = kvb.analyze()
@@ -623,12 +626,12 @@ def test_kv_cache_dtype_capacity_and_long_context_steps():
     assert (auto["vllm_tokens"], fp8["vllm_tokens"]) == (914_304, 1_828_096)  # 111.61 and 111.58 GiB free
     assert auto["vllm_tokens"] * auto["bytes_per_token"] / 2**30 == pytest.approx(111.61, abs=0.01)
     assert fp8["vllm_tokens"] * fp8["bytes_per_token"] / 2**30 == pytest.approx(111.58, abs=0.01)
-    err = {(s["kv_cache_dtype"], s["batch_size"]): (s["shipped_profile_s"] / s["measured_s"] - 1,
-                                                     s["refit_s"] / s["measured_s"] - 1) for s in got["steps"]}
-    assert 0.25 < err["auto", 32][0] < 0.3 and abs(err["auto", 32][1]) < 0.04
-    assert max(abs(e[1]) for (kv, _), e in err.items() if kv == "auto") < 0.04
-    assert max(abs(e[0]) for (kv, _), e in err.items() if kv == "fp8") < 0.02 and err["fp8", 32][1] < -0.1
-    assert 0.85 < got["refit"]["bandwidth_efficiency"] < 0.95 and got["refit"]["rms_rel"] < 0.09
+    err = {(s["kv_cache_dtype"], s["batch_size"]): (s["run1_fit_s"] / s["measured_s"] - 1,
+                                                     s["shipped_profile_s"] / s["measured_s"] - 1) for s in got["steps"]}
+    assert 0.25 < err["auto", 32][0] < 0.3
+    assert max(abs(e[1]) for e in err.values()) < 0.04
+    assert 0.85 < got["profile"]["bandwidth_efficiency"] < 0.95 and got["profile"]["fixed_overhead_s"] > 1e-3
+    assert got["run1_fit"]["fixed_overhead_s"] < 1e-6
 
 
 def test_draft_model_cycle_follows_the_host_cpu():

@@ -103,13 +103,13 @@ def test_tokenizer_mismatch_is_no_go(gpus, models, make_scenario):
 
 
 def test_fp8_kv_cache_at_long_context(gpus, models, make_scenario):
-    """An fp8 KV cache halves the attention's reads: at 32 sequences of 16k tokens the KV read (≈ 69 GB per step)
-    outweighs the 16 GB of weights, so a decode step is markedly faster; the serve flags carry it, and a calibration
-    measured with the other KV-cache dtype is not used."""
-    long = dict(concurrency=32, prompt_tokens=16_384, output_tokens=512)
+    """An fp8 KV cache halves the attention's bytes (read at 0.72x bf16's time, as vLLM 0.24 did on the H200): at
+    16 sequences of 16k tokens the KV read (≈ 35 GB per step) outweighs the 16 GB of weights, so a decode step is
+    markedly faster; the serve flags carry it, and a calibration measured with the other KV-cache dtype is not used."""
+    long = dict(concurrency=16, prompt_tokens=16_384, output_tokens=512)  # resident in either cache
     auto = _predict(gpus, models, make_scenario(**long)).to_dict()
     fp8 = _predict(gpus, models, make_scenario(kv_cache_dtype="fp8", **long)).to_dict()
-    assert fp8["tpot_ms"]["baseline"] < 0.75 * auto["tpot_ms"]["baseline"]
+    assert fp8["tpot_ms"]["baseline"] < 0.85 * auto["tpot_ms"]["baseline"]
     assert fp8["memory"]["kv_bytes_per_token_target"] * 2 == auto["memory"]["kv_bytes_per_token_target"]
     assert "--kv-cache-dtype fp8" in fp8["vllm"]["serve_flags"]
     assert "--kv-cache-dtype" not in auto["vllm"]["serve_flags"]
