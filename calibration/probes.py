@@ -285,6 +285,13 @@ class ProbeConfig:
     # On an H200 such a step takes 5-60 ms and two repeats of 32 tokens agree within 2 % (runs 5 and 6), so half the
     # tokens halve the largest points' probe time; whole cycles: cycle_decode_tokens (a draft model's vary 2x)
     large_batch_decode_tokens: int | None = None
+    # one more target decode step at this context (B = long_context_batch): at a short context the KV read is
+    # negligible and the fit cannot tell the bandwidth efficiency from the per-step overhead; at 8k tokens it can
+    # (H200 run 12: the profile's fit without such steps priced B = 32 at 8k context 28 % slow). None: not probed
+    # (the default: a model's context window may be shorter). B = 4 at 8k tokens needs no more KV cache than the
+    # plan's 256 short sequences, so four engines still start together on an H200.
+    long_context_len: int | None = None
+    long_context_batch: int = 4
     # tokens per timed generation of whole speculative cycles at B <= LARGE_BATCH (above it: decode_tokens, so the
     # KV cache planned for the steps still holds the batch and four engines start together on one H200). None: 128
     # on GPUs, decode_tokens on the CPU. On the H200 (vLLM 0.24, run 9) a draft model's cycles slowed along a
@@ -344,9 +351,12 @@ class ProbeConfig:
         """Platform defaults filled in (``on_gpu`` None: ask vLLM's platform)."""
         if on_gpu is None:
             on_gpu = platform_is_gpu()
+        long_step = "timing" in self.probes and bool(self.long_context_len)
         largest = max([*self.batch_sizes, *(self.cycle_batch_sizes or ()), *self.prefill_batch_sizes,
-                       self.prompts_per_probe if "acceptance" in self.probes else 1])
-        longest = max([self.context_len, *self.prompt_lengths]) if "timing" in self.probes else self.context_len
+                       self.prompts_per_probe if "acceptance" in self.probes else 1,
+                       self.long_context_batch if long_step else 1])
+        longest = max([self.context_len, *self.prompt_lengths, self.long_context_len if long_step else 0]) \
+            if "timing" in self.probes else self.context_len
         need_len = longest + max(self.decode_tokens, self.max_tokens) * (1 + max(self.verify_ks or (1,))) + 64
         return dataclasses.replace(
             self,
@@ -920,7 +930,8 @@ def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: f
 class EnginePlan:
     """One engine of the probe plan and what it measures. Tasks: ``("step", B, width, T)`` (q = width + 1; a
     width > 0 in a ``verify`` engine drafts that many always-rejected tokens), ``("cycle", B, T)`` (whole cycles
-    of the engine's drafter), ``("prefill", P, B)``, ``("accept", structure, T)``."""
+    of the engine's drafter), ``("long_step", B, context)`` (a decode step at a long context), ``("prefill", P, B)``,
+    ``("accept", structure, T)``."""
 
     label: str
     model: str
@@ -957,6 +968,8 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
         tasks: list[tuple] = []
         if timing:
             tasks += [("step", b, 0, 0.0) for b in cfg.batch_sizes]
+            if cfg.long_context_len:
+                tasks.append(("long_step", cfg.long_context_batch, cfg.long_context_len))
             tasks += [("prefill", length, b) for b in cfg.prefill_batch_sizes for length in cfg.prompt_lengths
                       if b == 1 or length * b <= cfg.max_prefill_tokens]
         plan.append(EnginePlan("target", model, None, tasks))
@@ -1041,6 +1054,11 @@ def run_task(llm, item: EnginePlan, task: tuple, cfg: ProbeConfig, engine: dict,
         m = measure_step_time(llm, item.label, b, w + 1, cfg, engine, env, rng, temperature=t, width_marker=marker)
         emit(m)
         tick(f"{item.label}: B={b} q={w + 1} T={t:g} step {m.step_s * 1e3:.2f} ms")
+    elif task[0] == "long_step":
+        _, b, context = task
+        m = measure_step_time(llm, item.label, b, 1, dataclasses.replace(cfg, context_len=context), engine, env, rng)
+        emit(m)
+        tick(f"{item.label}: B={b} q=1 at {context} tokens of context: step {m.step_s * 1e3:.2f} ms")
     elif task[0] == "cycle":
         _, b, t = task
         k = int(spec["num_speculative_tokens"])
@@ -1280,7 +1298,8 @@ def default_kv_cache_gib(cfg: ProbeConfig) -> float:
     per_token = 2 * int(c.get("num_hidden_layers", 0)) * int(c.get("num_key_value_heads", heads)) * hd * 2
     kmax = max([*cfg.verify_ks, *(d.k for d in cfg.drafters), 0])
     generated = max(cfg.decode_tokens, cfg.max_tokens if "acceptance" in cfg.probes else 0)
-    tokens = max(cfg.max_model_len or 0, (cfg.max_num_seqs or 1) * (cfg.context_len + generated + 1 + kmax + 16))
+    tokens = max(cfg.max_model_len or 0, (cfg.max_num_seqs or 1) * (cfg.context_len + generated + 1 + kmax + 16),
+                 cfg.long_context_batch * ((cfg.long_context_len or 0) + cfg.decode_tokens + 1 + 16))
     return max(1.0, round(1.5 * tokens * per_token / max(1, cfg.tensor_parallel_size) / 2**30, 1))
 
 

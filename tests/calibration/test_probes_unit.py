@@ -181,6 +181,9 @@ def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
     assert max(t[1] for e in cycles for t in e.tasks) == 256
     prefill = [t for t in plan["target"].tasks if t[0] == "prefill"]
     assert max(t[1] for t in prefill) == 8192 and any(t[2] > 1 for t in prefill)
+    # one decode step at a long context (run 12): it tells the bandwidth efficiency from the per-step overhead
+    assert ("long_step", 4, 8192) in plan["target"].tasks and cfg.max_model_len >= 8192 + 33
+    assert not any(t[0] == "long_step" for t in plan_engines(probes.ProbeConfig().resolved(on_gpu=True))[0].tasks)
 
 
 def test_gpu_engines_start_together_as_memory_allows(tmp_path):
