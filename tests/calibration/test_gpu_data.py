@@ -634,6 +634,19 @@ def test_kv_cache_dtype_capacity_and_long_context_steps():
     assert got["run1_fit"]["fixed_overhead_s"] < 1e-6
 
 
+def test_no_stored_gpu_closed_loop_has_a_wrong_verdict():
+    """Every closed loop stored from the H200 (each run on its own calibration, another lease's, the shipped profile,
+    single and pooled measurements): where the predicted speedup's sign misses (at break-even), the answer said
+    "calibrate"; no "go" was measured slower than no speculation and no "no-go" faster."""
+    points = [p for f in sorted(RUN.parent.glob("h200-vllm0.24*/closed-loop-result*.json"))
+              for p in json.loads(f.read_text())["points"]]
+    assert len(points) >= 1284
+    misses = [p for p in points if (p["predicted"] > 1) != (p["measured"] > 1)]
+    assert 0 < len(misses) < 0.05 * len(points) and {p["extra"]["decision"] for p in misses} == {"calibrate"}
+    assert not [p for p in points if p["extra"]["decision"] == "go" and p["measured"] < 1]
+    assert not [p for p in points if p["extra"]["decision"] == "no-go" and p["measured"] > 1]
+
+
 def test_draft_model_cycle_follows_the_host_cpu():
     """benchmarks/draft_host.py on the H200: a 0.24 draft-model cycle (no CUDA graphs) slows ~1.5x when the host's
     other cores are busy, at the same GPU clock; the garbage collector is not what makes it vary."""
