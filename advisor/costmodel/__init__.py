@@ -10,7 +10,8 @@ from .acceptance import (al_from_per_position, alpha_from_al, expected_tokens_ii
 from .checks import check_draft
 from .decision import GO_THRESHOLD, decide
 from .memory import kv_bytes_per_token, memory_report, weights_bytes
-from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch, dynamic_table,
+from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch, conditions_mismatch,
+                      dynamic_table,
                       finite_json, matching_profile, predict, speedup_point)
 from .priors import prior_acceptance
 from .steptime import default_prefill_params, default_step_time_params, step_time_s
@@ -21,7 +22,7 @@ from .types import (COST_MODEL_VERSION, ENGINES, KV_CACHE_DTYPES, METHODS, MODEL
 
 __all__ = [
     "AcceptanceInput", "AcceptanceModel", "COST_MODEL_VERSION", "CURVE_CONCURRENCY", "Calibration",
-    "calibrated_acceptance", "calibration_mismatch",
+    "calibrated_acceptance", "calibration_mismatch", "conditions_mismatch",
     "CostModelError", "ENGINES", "MeasuredEngineProfile", "matching_profile", "GO_THRESHOLD", "GpuSpec", "Issue", "METHODS", "MODEL_KINDS", "ModelSpec",
     "Prediction", "PrefillParams", "STRUCTURES", "Scenario", "Slo", "Speculator", "StepTimeParams", "TcoLoad",
     "KV_CACHE_DTYPES", "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",

@@ -154,16 +154,23 @@ def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec,
 def calibration_mismatch(calibration: Calibration, s: Scenario, gpu: GpuSpec) -> tuple[str, ...]:
     """Why a calibration run does not apply to a scenario (empty: it applies). A fit measured at another weights
     dtype, tensor-parallel size or engine mode is never substituted (unrecorded conditions are not checked)."""
+    return conditions_mismatch(calibration, gpu, s.weights_dtype, s.kv_cache_dtype, s.vllm_version, s.gpu_count)
+
+
+def conditions_mismatch(calibration: Calibration, gpu: GpuSpec, weights_dtype: str, kv_cache_dtype: str = "auto",
+                        vllm_version: str | None = None, gpu_count: int | None = None) -> tuple[str, ...]:
+    """:func:`calibration_mismatch` for the conditions alone; ``gpu_count`` None: any tensor-parallel size (a plan
+    weighs several)."""
     out = []
-    if calibration.weights_dtype and calibration.weights_dtype != s.weights_dtype:
-        out.append(f"measured {calibration.weights_dtype} weights, not {s.weights_dtype}")
-    if calibration.tensor_parallel_size and calibration.tensor_parallel_size != s.gpu_count:
-        out.append(f"measured at tensor-parallel size {calibration.tensor_parallel_size}, not {s.gpu_count}")
-    if calibration.kv_cache_dtype and calibration.kv_cache_dtype != s.kv_cache_dtype:
-        out.append(f"measured with KV-cache dtype {calibration.kv_cache_dtype}, not {s.kv_cache_dtype}")
+    if calibration.weights_dtype and calibration.weights_dtype != weights_dtype:
+        out.append(f"measured {calibration.weights_dtype} weights, not {weights_dtype}")
+    if gpu_count is not None and calibration.tensor_parallel_size and calibration.tensor_parallel_size != gpu_count:
+        out.append(f"measured at tensor-parallel size {calibration.tensor_parallel_size}, not {gpu_count}")
+    if calibration.kv_cache_dtype and calibration.kv_cache_dtype != kv_cache_dtype:
+        out.append(f"measured with KV-cache dtype {calibration.kv_cache_dtype}, not {kv_cache_dtype}")
     if calibration.engine_mode == "eager" and gpu.gpu_class != "cpu":
         out.append("measured without CUDA graphs (enforce_eager); vLLM serves with them")
-    wanted = minor_version(s.vllm_version)
+    wanted = minor_version(vllm_version)
     if wanted and calibration.vllm_version and calibration.vllm_version != wanted:
         out.append(f"measured with vLLM {calibration.vllm_version}, not {wanted}")
     return tuple(out)

@@ -186,6 +186,14 @@ def _recent_calibrations(hardware: str, target: str) -> list[costmodel.Calibrati
     return calibrations
 
 
+def plan_calibration(gpu: costmodel.GpuSpec, target: str, weights_dtype: str, kv_cache_dtype: str = "auto",
+                     vllm_version: str | None = None) -> costmodel.Calibration | None:
+    """The newest succeeded run on ``gpu`` for ``target`` measured at these weights and KV-cache dtypes (and this
+    vLLM version, where one is asked), at any tensor-parallel size: what a capacity plan times this GPU with."""
+    return next((cal for cal in _recent_calibrations(gpu.name, target)
+                 if not costmodel.conditions_mismatch(cal, gpu, weights_dtype, kv_cache_dtype, vllm_version)), None)
+
+
 def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | None = None,
                     gpu: costmodel.GpuSpec | None = None) -> costmodel.Calibration | None:
     """The newest succeeded run on this hardware for this target that applies to ``scenario``, as the cost

@@ -20,6 +20,12 @@ DEFAULT_K_REF = {"draft_model": 4, "eagle": 3, "eagle3": 3, "ngram": 4, "suffix"
 
 
 # --------------------------------------------------------------------------------------------- building the input
+def _calibration(data: dict[str, Any], gpu: costmodel.GpuSpec, target: costmodel.ModelSpec):  # noqa: ANN202
+    """The newest calibration of ``target`` on ``gpu`` measured at the plan's dtypes and vLLM version (any TP)."""
+    return calibrations.plan_calibration(gpu, target.name, data.get("weights_dtype", "bf16"),
+                                         data.get("kv_cache_dtype", "auto"), data.get("vllm_version"))
+
+
 def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[GpuOffer], dict[str, str]]:
     prices = data.get("gpu_hour_usd") or {}
     if data.get("gpus"):
@@ -34,7 +40,7 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
     offers, sources = [], {}
     for row in rows:
         gpu = catalog.gpu_spec(row)
-        cal = calibrations.calibration_for(gpu.name, target.name)
+        cal = _calibration(data, gpu, target)
         profile = costmodel.matching_profile(catalog.engine_profiles(), gpu, data.get("vllm_version"))
         if cal is not None and target.name in cal.step_time:
             step = cal.step_time[target.name]
@@ -58,7 +64,7 @@ def _speculators(data: dict[str, Any], target: costmodel.ModelSpec, offers: list
     given = data.get("speculators")
     items = given if given else catalog.speculator_candidates(target)
     structure = data["workload"]["structure"]
-    cals = [c for c in (calibrations.calibration_for(o.gpu.name, target.name) for o in offers) if c is not None]
+    cals = [c for c in (_calibration(data, o.gpu, target) for o in offers) if c is not None]
     out = []
     for i, item in enumerate(items):
         method, name = item["method"], item.get("draft_model")

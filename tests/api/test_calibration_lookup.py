@@ -43,9 +43,29 @@ def test_run_with_the_real_drafter_is_used(app, client):
     assert answer["acceptance"]["source"] == f"calibration:{run_id}"
 
 
-@pytest.mark.parametrize("engine", [{"enforce_eager": True}, {"tensor_parallel_size": 2}, {"quantization": "fp8"}])
+@pytest.mark.parametrize("engine", [{"enforce_eager": True}, {"tensor_parallel_size": 2}, {"quantization": "fp8"},
+                                    {"kv_cache_dtype": "fp8"}])
 def test_run_under_other_conditions_is_skipped_for_an_older_one_that_applies(app, client, engine):
     good = _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, {"enforce_eager": False})
     _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, engine)  # newer, but measured differently
     answer = client.post("/v1/recommendations", json=SCENARIO).get_json()
     assert answer["acceptance"]["source"] == f"calibration:{good}"
+
+
+def test_a_plan_takes_only_a_run_measured_at_its_dtypes(app, client):
+    """A capacity plan times and accepts with a calibration only where its weights and KV-cache dtypes are the
+    plan's (main: the newest run of the GPU and target, whatever it measured)."""
+    from tests.api.test_plans import example_plan
+
+    run_id = _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, {"enforce_eager": False, "kv_cache_dtype": "fp8"})
+    body = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
+                        workload={"prompt_tokens": 512, "output_tokens": 256, "temperature": 0.0, "structure": "prose"},
+                        speculators=[{"method": "draft_model", "draft_model": DRAFT}])
+
+    def acceptance_sources(plan: dict) -> set[str]:
+        response = client.post("/v1/plans", json=plan)
+        assert response.status_code == 201, response.get_json()
+        return {o["sources"].get("acceptance") for o in response.get_json()["options"] if o["mode"] == "speculative"}
+
+    assert acceptance_sources({**body, "kv_cache_dtype": "fp8"}) == {f"calibration:{run_id}"}
+    assert not any(s.startswith("calibration") for s in acceptance_sources(body))
