@@ -10,9 +10,9 @@ The measurement is the product's plan, target engine only, at an 8k-token contex
     python -m benchmarks.gpu_closed_loop calibrate --workdir /tmp/kv-fp8 $S --set 'kv_cache_dtype="fp8"'
 
 ``analyze`` (CPU) compares vLLM's KV-cache tokens with the cost model's bytes per token, and each decode step
-with the shipped profile's step time, and with that profile's records refitted together with the bf16
-long-context steps (the plan's decode steps run at a 128-token context, where the bandwidth efficiency and the
-per-step overhead are degenerate).
+with run 1's fit alone (the profile before run 12: its decode steps ran at a 128-token context, where the
+bandwidth efficiency and the per-step overhead cannot be told apart) and with the shipped profile, which fits run
+1's records together with these bf16 long-context steps (``gpu_closed_loop profile --extra-records``).
 """
 from __future__ import annotations
 
@@ -89,7 +89,6 @@ def main(args: argparse.Namespace) -> int:
         r = result[name]
         print(f"{name}: bandwidth efficiency {r['bandwidth_efficiency']:.3f}, fixed overhead "
               f"{1e3 * r['fixed_overhead_s']:.2f} ms")
-
     if args.out_json:
         args.out_json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
