@@ -365,17 +365,17 @@ def with_engine_paths(records: list[dict]) -> list[dict]:
 def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int = 0):
     """Fit the GPU run (``calibration.fit.fit_run``): one set of step-time parameters for the target and its
     drafter's forwards (target decode, verify widths, speculative steps without drafts, whole draft-model and
-    n-gram cycles), and the prefill fit; keyed by what was measured (the target's weights dtype, TP, CUDA graphs).
-    A drafter whose
-    engine ran another path than the verify probes (an EAGLE head, with async scheduling) gets a fit of its own
-    engine's probes and the target's plain steps (``calibration.fit.engine_path_records``)."""
+    n-gram cycles), and the prefill fit; keyed by what was measured (the weights dtype, TP, CUDA graphs), with the
+    weights dtype read as the product's jobs read it (``calibration.fit.run_weights_dtype``). A drafter whose engine
+    ran another path than the verify probes (an EAGLE head, with async scheduling) gets a fit of its own engine's
+    probes and the target's plain steps (``calibration.fit.engine_path_records``)."""
     from advisor.costmodel import Calibration
-    from calibration.fit import fit_run
+    from calibration.fit import fit_run, run_weights_dtype
 
     records = with_engine_paths(records)
     target_path, models = fit_models(records, draft)
     results: dict = {}
-    dtype = weights_dtype(records)
+    dtype = run_weights_dtype(records)
     fits = fit_run(records, gpu, target, draft, drafter_method(draft.name), draft.name, dtype,
                    target_path=target_path, models=models, results=results)
     by_kind: dict[str, dict] = {"step_time": {}, "prefill": {}, "acceptance": {}}
@@ -397,15 +397,6 @@ def fit_models(records: list[dict], draft) -> tuple[str, dict]:
     draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
                    if (e.get("speculative_config") or {}).get("method") in MODEL_DRAFTER_METHODS.values()}
     return target_path, {p: draft for p in draft_paths if p}
-
-
-def weights_dtype(records: list[dict]) -> str:
-    """The target's weights dtype in the run, as the product reads it from the engine settings (bf16 shapes
-    otherwise: their config says bfloat16)."""
-    from advisor.costmodel.memory import engine_weights_dtype
-
-    target = next(r["params"]["engine"] for r in records if r["params"]["engine"]["label"] == "target")
-    return engine_weights_dtype(target) or "bf16"
 
 
 def tensor_parallel_size(records: list[dict]) -> int:

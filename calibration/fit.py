@@ -41,7 +41,7 @@ from scipy.optimize import least_squares, minimize
 
 from advisor.costmodel.speculation import COPY_DRAFTERS
 from advisor.costmodel.acceptance import draft_fraction_at
-from advisor.costmodel.memory import engine_kv_cache_dtype
+from advisor.costmodel.memory import engine_kv_cache_dtype, engine_weights_dtype
 from advisor.costmodel.steptime import (default_prefill_params, default_step_time_params, forward_cost,
                                         draft_sampling_s, prefill_compute_s, rejection_sampling_s, step_time_from_cost,
                                         tp_allreduce_s, weight_bytes_read)
@@ -675,6 +675,13 @@ def al_of(model: AcceptanceModel, temperature: float, k: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------- a run
+def run_weights_dtype(records: Iterable[dict], settings: dict | None = None) -> str:
+    """The weights dtype a run's engines ran at: the first recorded engine's vLLM arguments over ``settings`` (the
+    request's); bf16 where neither names a dtype or quantization (a bf16 shape's config says bfloat16)."""
+    engine = next((e for r in records if (e := (r.get("params") or {}).get("engine"))), {})
+    return engine_weights_dtype({**(settings or {}), **engine}) or "bf16"
+
+
 def fit_run(records: Iterable[Any], gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, method: str,
             drafter_name: str | None, weights_dtype: str = "bf16", target_path: str | None = None,
             results: dict[str, FitResult] | None = None,

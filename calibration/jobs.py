@@ -143,9 +143,7 @@ def execute(request: dict[str, Any], sink: Sink, timeout_s: float | None = None)
 
 
 def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Sink) -> list[dict[str, Any]]:
-    from advisor.costmodel.memory import engine_weights_dtype
-
-    from .fit import fit_run
+    from .fit import fit_run, run_weights_dtype
 
     gpu, target, draft = sink.specs(request)
     drafter = request.get("draft_model") if request.get("method") != "ngram" else None
@@ -155,10 +153,8 @@ def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Si
         targets = {e.get("model") for e in engines}
         models = {spec["model"]: draft for e in engines if (spec := e.get("speculative_config") or {})
                   and spec.get("method") == request.get("method") and spec.get("model") not in targets | {None}}
-    engine = next((e for r in records if (e := (r.get("params") or {}).get("engine"))), {})
-    dtype = request.get("weights_dtype") or engine_weights_dtype({**(request.get("engine") or {}), **engine})
-    return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter, dtype or "bf16",
-                   models=models)
+    dtype = request.get("weights_dtype") or run_weights_dtype(records, request.get("engine"))
+    return fit_run(records, gpu, target, draft, request.get("method", "ngram"), drafter, dtype, models=models)
 
 
 def _kill(proc: subprocess.Popen) -> None:

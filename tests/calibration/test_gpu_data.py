@@ -708,7 +708,7 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     cycles = {}
     for run in sorted(RUN.parent.glob("h200-vllm0.24*")):
         records = gcl.calibration_records(run)
-        if not records or gcl.run_drafter(records) != gcl.DRAFT or gcl.weights_dtype(records) != "bf16":
+        if not records or gcl.run_drafter(records) != gcl.DRAFT or fit.run_weights_dtype(records) != "bf16":
             continue  # the EAGLE runs: a head's cycles; a failed one; the fp8 target's runs
         path, models = gcl.fit_models(records, draft)
         cycles[run.name] = [p for p in fit.step_points(records, target, path, models) if p.drafter_forwards]
