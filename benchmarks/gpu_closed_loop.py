@@ -182,18 +182,25 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, draf
 
 # --------------------------------------------------------------------------------------------- measure
 def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0,
-                    quantization: str | None = None) -> None:
+                    quantization: str | None = None, prompt_tokens: int = PROMPT_TOKENS,
+                    batch_sizes: tuple[int, ...] = BATCH_SIZES) -> None:
     """Child process: one engine, every batch size; one JSON line per batch size to ``out``. ``held`` > 0: one of
     that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``.
-    ``quantization``: the target's vLLM quantization (e.g. "fp8"; a drafter stays bf16, as vLLM loads it)."""
-    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, engine_decode_spans_s, environment_info,
-                                    event_stream, held_engine_config, read_spec_counters, start_engine, stop_engine,
-                                    synthetic_rates)
+    ``quantization``: the target's vLLM quantization (e.g. "fp8"; a drafter stays bf16, as vLLM loads it).
+    ``prompt_tokens``: the prompts' length (a long one puts the KV read into every step)."""
+    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, default_kv_cache_gib,
+                                    engine_decode_spans_s, environment_info, event_stream, held_engine_config,
+                                    read_spec_counters, start_engine, stop_engine, synthetic_rates)
 
     import random
 
     events = event_stream() if held else None
     cfg = gpu_probe_config(target, draft, tp, quantization=quantization).resolved(on_gpu=True)
+    if prompt_tokens != PROMPT_TOKENS:  # long prompts: the largest batch's cache, with 15 % to spare (engines that
+        # start together share the GPU, and the plan's 50 % would not let two 8B engines hold B = 64 at 4k)
+        cfg = dataclasses.replace(cfg, context_len=prompt_tokens, max_num_seqs=max(batch_sizes),
+                                  decode_tokens=OUTPUT_TOKENS, long_context_len=None)
+        cfg = dataclasses.replace(cfg, kv_cache_memory_gib=default_kv_cache_gib(cfg, spare=1.15))
     if held:  # the KV cache holds every batch size's prompts, outputs and drafts
         cfg = held_engine_config(dataclasses.replace(cfg, decode_tokens=OUTPUT_TOKENS), held)
     settings = cfg.engine_settings(target)
@@ -210,7 +217,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
     one, many = _sampling(0.0, 1, 0, False), _sampling(0.0, OUTPUT_TOKENS, 0, False)
     env = environment_info()
     try:
-        llm.generate(_random_prompts(8, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
+        llm.generate(_random_prompts(8, prompt_tokens, rng, repetitive=copy), many, use_tqdm=False)
         if held:
             from calibration.probes import wait_for_go
 
@@ -224,16 +231,16 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                     except Exception as exc:  # keep the other measurements
                         print(f"[{label}] cannot change the synthetic rates: {exc!r}", file=sys.stderr, flush=True)
                         break
-                for b in BATCH_SIZES:
-                    llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many, use_tqdm=False)
+                for b in batch_sizes:
+                    llm.generate(_random_prompts(b, prompt_tokens, rng, repetitive=copy), many, use_tqdm=False)
                     rounds = []
                     for _ in range(2):
                         t0 = time.perf_counter()
-                        llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), one, use_tqdm=False)
+                        llm.generate(_random_prompts(b, prompt_tokens, rng, repetitive=copy), one, use_tqdm=False)
                         t1 = time.perf_counter() - t0
                         c0 = read_spec_counters(llm)
                         t0 = time.perf_counter()
-                        outs = llm.generate(_random_prompts(b, PROMPT_TOKENS, rng, repetitive=copy), many,
+                        outs = llm.generate(_random_prompts(b, prompt_tokens, rng, repetitive=copy), many,
                                             use_tqdm=False)
                         tn = time.perf_counter() - t0
                         d = read_spec_counters(llm) - c0
@@ -248,7 +255,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                                        "iteration_tokens": d.iteration_tokens})
                     row = {"engine": label, "method": case.method, "k": case.k, "acceptance": acc,
                            "tensor_parallel_size": tp, "quantization": quantization,
-                           "batch_size": b, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                           "batch_size": b, "prompt_tokens": prompt_tokens, "output_tokens": OUTPUT_TOKENS,
                            "startup_s": startup, "speculative_config": spec, "rounds": rounds,
                            "gpu_name": env.get("gpu_name"), "vllm_version": env.get("vllm_version")}
                     f.write(json.dumps(row, default=str) + "\n")
@@ -260,7 +267,8 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
 
 
 def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
-            quantization: str | None = None) -> int:
+            quantization: str | None = None, prompt_tokens: int = PROMPT_TOKENS,
+            batch_sizes: tuple[int, ...] = BATCH_SIZES) -> int:
     """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
     process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time."""
     from calibration.probes import HeldProcess
@@ -273,14 +281,15 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: 
         for r in rows:
             by.setdefault(r["engine"], set()).add(r["batch_size"])
         done = {c.label for c in engine_cases(drafter)
-                if all(by.get(lbl, set()) >= set(BATCH_SIZES)
+                if all(by.get(lbl, set()) >= set(batch_sizes)
                        for lbl in ([c.label] if not c.method else [f"{c.label}-a{a:g}" for a in c.acceptances]))}
     todo = [c for c in engine_cases(drafter) if c.label not in done and not (only and c.label not in only)]
     t0 = time.perf_counter()
     procs = [HeldProcess([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir", str(workdir),
                           "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp), "--held", str(len(todo)),
-                          "--drafter", drafter] + (["--quantization", quantization] if quantization else []),
-                         c.label) for c in todo]
+                          "--drafter", drafter, "--prompt-tokens", str(prompt_tokens),
+                          "--batch-sizes", ",".join(map(str, batch_sizes))]
+                         + (["--quantization", quantization] if quantization else []), c.label) for c in todo]
     status = 0
     try:
         ready = [p.wait_ready() for p in procs]
@@ -500,7 +509,8 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None) -> tu
         scen = Scenario(
             gpu="H200-SXM", target_model=TARGET,
             speculator=Speculator(r["method"], None if copy else draft.name, k),
-            workload=Workload(PROMPT_TOKENS, OUTPUT_TOKENS, 0.0, "code", concurrency=r["batch_size"]), gpu_count=tp,
+            workload=Workload(r["prompt_tokens"], r["output_tokens"], 0.0, "code", concurrency=r["batch_size"]),
+            gpu_count=tp,
             weights_dtype=measured_weights_dtype(r),
             acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
@@ -613,6 +623,10 @@ def format_table(points: list[Point]) -> str:
 
 
 # --------------------------------------------------------------------------------------------- CLI
+def batch_sizes(text: str) -> tuple[int, ...]:
+    return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("phase", choices=("calibrate", "measure", "analyze", "profile", "_engine"))
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("GCL_WORKDIR", "/tmp/gcl")))
@@ -632,6 +646,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "128 on GPUs)")
     parser.add_argument("--verify-per-k", action="store_true",
                         help="calibrate: one verify engine per k (each on its own full CUDA graphs)")
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                        help="measure: the prompts' length (e.g. 4096: every step reads a long KV cache)")
+    parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)),
+                        help="measure: the batch sizes, comma separated")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
@@ -660,12 +678,13 @@ def main(args: argparse.Namespace) -> int:
                          args.second_cycle_k, **variant)
     if args.phase == "measure":
         return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
-                       args.quantization)
+                       args.quantization, args.prompt_tokens, batch_sizes(args.batch_sizes))
     if args.phase == "_engine":
         target, draft = shapes(args.workdir, args.drafter)
         case = json.loads(args.case)
         _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
-                        args.workdir / "measurements.jsonl", args.tp, args.held, args.quantization)
+                        args.workdir / "measurements.jsonl", args.tp, args.held, args.quantization,
+                        args.prompt_tokens, batch_sizes(args.batch_sizes))
         return 0
     if args.phase == "profile":
         print(json.dumps(write_profile(args.workdir.resolve(), extra=tuple(args.extra_records)), indent=1))

@@ -1286,9 +1286,10 @@ def engine_memory_estimate_bytes(item: EnginePlan, cfg: ProbeConfig) -> int:
     return (weights(item.model) + weights(draft)) // tp + kv + 5 * 2**30
 
 
-def default_kv_cache_gib(cfg: ProbeConfig) -> float:
+def default_kv_cache_gib(cfg: ProbeConfig, spare: float = 1.5) -> float:
     """KV cache for engines that start together: every probe's batch with its drafts, and one longest sequence,
-    with 50 % to spare (the drafter's layers share the pool); at 2 bytes per element of the target's K and V."""
+    with ``spare`` - 1 to spare (50 %: the drafter's layers share the pool); at 2 bytes per element of the target's
+    K and V."""
     try:
         c = json.loads((Path((cfg.model or "").split("@layers=")[0]) / "config.json").read_text())
     except (OSError, ValueError):
@@ -1300,7 +1301,7 @@ def default_kv_cache_gib(cfg: ProbeConfig) -> float:
     generated = max(cfg.decode_tokens, cfg.max_tokens if "acceptance" in cfg.probes else 0)
     tokens = max(cfg.max_model_len or 0, (cfg.max_num_seqs or 1) * (cfg.context_len + generated + 1 + kmax + 16),
                  cfg.long_context_batch * ((cfg.long_context_len or 0) + cfg.decode_tokens + 1 + 16))
-    return max(1.0, round(1.5 * tokens * per_token / max(1, cfg.tensor_parallel_size) / 2**30, 1))
+    return max(1.0, round(spare * tokens * per_token / max(1, cfg.tensor_parallel_size) / 2**30, 1))
 
 
 def held_engine_config(cfg: ProbeConfig, engines: int) -> ProbeConfig:

@@ -7,7 +7,8 @@
 # limits `measure` to those engines; DRAFTER=eagle-llama-3.1-8b times that catalog drafter instead of the 1B draft model;
 # SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration; CYCLE_TOKENS=128 times whole cycles over
 # generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine; QUANT=fp8 quantizes the
-# target in every engine (calibrate and measure; the drafter stays bf16).
+# target in every engine (calibrate and measure; the drafter stays bf16). PROMPT_TOKENS=4096 BATCHES=1,4,16,64 measure
+# at that prompt length and those batch sizes (a long context: every step reads a long KV cache).
 # On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
 # symmetric-memory multicast, and vLLM's all-reduces that build on them (symmetric memory, FlashInfer's); TP runs
 # use vLLM's custom all-reduce (CUDA IPC) and NCCL.
@@ -28,7 +29,9 @@ for arg in "$@"; do
                [ -n "${VERIFY_PER_K:-}" ] && cmd+=(--verify-per-k)
                [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT") ;;
     measure) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY")
-             [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT") ;;
+             [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT")
+             [ -n "${PROMPT_TOKENS:-}" ] && cmd+=(--prompt-tokens "$PROMPT_TOKENS")
+             [ -n "${BATCHES:-}" ] && cmd+=(--batch-sizes "$BATCHES") ;;
     draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json") ;;
   esac
   timeout --signal=INT --kill-after=20 "$limit" "${cmd[@]}" \
