@@ -97,9 +97,12 @@ def test_analysis_is_reproducible(tmp_path, capsys):
 
 
 def test_shipped_profile_is_the_fit(specs):
-    """The profile is run 1's fit with run 12's long-context decode steps (``profile --extra-records``)."""
+    """The profile is the fit of the five calibrations of the plan as it ships (runs 10 and 13, two leases), pooled,
+    each with run 12's long-context decode steps (``profile --pool ... --extra-records``)."""
     gpu, target, draft = specs
-    records = gcl.with_target_steps(gcl.calibration_records(RUN), gcl.load_jsonl(gcl.REPO_ROOT / gcl.PROFILE_LONG_CONTEXT))
+    records = gcl.pooled_records([gcl.REPO_ROOT / p for p in gcl.PROFILE_POOL],
+                                 gcl.load_jsonl(gcl.REPO_ROOT / gcl.PROFILE_LONG_CONTEXT))
+    assert len({r["params"]["engine"]["model"] for r in records}) == 1  # one target checkpoint for the fit
     cal, _ = gcl.build_gpu_calibration(records, gpu, target, draft)
     items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
     profile = MeasuredEngineProfile.from_dict(next(p for p in items if p["name"] == "H200-SXM × vLLM 0.24"))
@@ -119,9 +122,9 @@ def test_profile_gives_measured_answers(specs):
     items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
     profile = MeasuredEngineProfile.from_dict(items[0])
     dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
-    # measured 0.46-0.68× at B = 1 over five leases; the profile's draft-model cycles repeated 22 % apart (host-bound),
-    # so at small batches its interval reaches that spread and straddles the threshold: never "go"
-    assert dm["decision"] == "calibrate" and dm["speedup"]["expected"] < 0.7 and dm["speedup"]["low"] < 0.46
+    # measured 0.43-0.68× at B = 1 (k = 3, 0.8 per position) over six leases; the pooled profile says so, with an
+    # interval as wide as the draft model's host-bound cycles vary between leases, and its top below 1
+    assert dm["decision"] == "no-go" and 0.43 < dm["speedup"]["expected"] < 0.6 and dm["speedup"]["high"] < 0.9
     big = predict(_scenario("draft_model", 64), gpu, target, draft, profile=profile, samples=400).to_dict()
     assert big["decision"] == "no-go" and big["speedup"]["high"] < 1.0
     # a two-piece σ would move only the fast end: the interval's high, not its low (the stored repeats do not
@@ -130,15 +133,50 @@ def test_profile_gives_measured_answers(specs):
     tight = dataclasses.replace(profile, drafters=tuple(
         (name, dataclasses.replace(params, proposer_overhead_log_std_low=0.2)) for name, params in profile.drafters))
     one = predict(_scenario("draft_model", 1), gpu, target, draft, profile=tight, samples=400).to_dict()["speedup"]
-    assert one["low"] == dm["speedup"]["low"] and one["high"] < 1.0 < dm["speedup"]["high"]
+    assert one["low"] == dm["speedup"]["low"] and one["high"] < dm["speedup"]["high"]
     assert dm["engine_profile"]["name"] == "H200-SXM × vLLM 0.24"
     assert dm["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24"
     assert any("without CUDA graphs" in r for r in dm["reasons"])
     ng = predict(_scenario("ngram", 1), gpu, target, None, profile=profile, samples=400).to_dict()
-    assert ng["decision"] == "go" and 64 < ng["break_even_concurrency"] < 256  # measured crossing: 64–128
+    assert 64 < ng["break_even_concurrency"] < 128  # measured crossing at 0.8: between 64 and 128 (runs 1-13)
+    # with a drafted fraction of code's prior (not every step drafts), each step without drafts pays the speculative
+    # path's overhead, which the leases measured 1.9-3.6 ms (host-bound): an expected gain, an interval reaching
+    # below 1. Every step drafting, as in the closed loop (0.97), it is a "go" (measured 1.68-2.08x at B = 1)
+    assert ng["decision"] == "calibrate" and ng["speedup"]["expected"] > 1.2 > 1.0 > ng["speedup"]["low"]
+    drafted = dataclasses.replace(_scenario("ngram", 1), acceptance=AcceptanceInput(
+        per_position=(0.8, 0.64, 0.512), draft_fraction=0.97))
+    assert predict(drafted, gpu, target, None, profile=profile, samples=400).to_dict()["decision"] == "go"
     # without a version the answer stays the uncalibrated, wide one
     wide = predict(_scenario("draft_model", 1, None), gpu, target, draft, samples=400).to_dict()
     assert wide["engine_profile"] is None and wide["decision"] != "go"
+
+
+BF16_LEASES = ("h200-vllm0.24", "h200-vllm0.24-run2", "h200-vllm0.24-run3", "h200-vllm0.24-run4",
+               "h200-vllm0.24-run5", "h200-vllm0.24-run7", "h200-vllm0.24-run8", "h200-vllm0.24-run9",
+               "h200-vllm0.24-run10", "h200-vllm0.24-run13")  # one measurement per lease (run 6 measured none)
+
+
+def test_profile_predicts_every_lease():
+    """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the ten bf16 leases'
+    closed loops within a mean 13.4 % (median 12.1 %), every sign right but at break-even, where run 1's fit alone (the
+    profile before run 13) gave 18.6 % (15.7 %) and 19.9 % on the nine leases it was not fitted on. With the lease it
+    predicts left out of the pool: run 10 12.0 %, run 13 9.1 % (13.3 % over the ten, all out of sample)."""
+    profile = gcl.shipped_profile()
+    medians = {}
+    for name in BF16_LEASES:
+        points, _ = gcl.predict_measurements(RUN.parent / name, gcl.calibration_records(RUN.parent / name), profile)
+        summary = gcl.summarise(points)
+        medians[name] = summary["median_abs_error"]
+        assert summary["sign_right"] >= 34 and summary["interval_coverage"] >= 0.86
+    assert statistics.fmean(medians.values()) == pytest.approx(0.134, abs=0.002)
+    assert max(medians.values()) < 0.22
+    pool = [gcl.REPO_ROOT / p for p in gcl.PROFILE_POOL]
+    extra = gcl.load_jsonl(gcl.REPO_ROOT / gcl.PROFILE_LONG_CONTEXT)
+    for lease in ("run10", "run13"):  # the pool without the lease it predicts
+        others = gcl.pooled_records([p for p in pool if not p.name.startswith(f"h200-vllm0.24-{lease}")], extra)
+        points, _ = gcl.predict_measurements(RUN.parent / f"h200-vllm0.24-{lease}", others)
+        assert gcl.summarise(points)["median_abs_error"] == pytest.approx({"run10": 0.120, "run13": 0.091}[lease],
+                                                                          abs=0.002)
 
 
 def test_profile_prices_only_the_drafters_it_timed(specs):
@@ -546,6 +584,87 @@ def test_run10_the_plan_as_it_ships(tmp_path, capsys):
     assert 0.09 < min(m for (_, s), m in medians.items() if not s) and max(medians.values()) < 0.14
 
 
+RUN13 = RUN.parent / "h200-vllm0.24-run13"
+RUN13_RESULTS = {  # stored closed loop -> (the calibration, or the shipped profile; against both measurements)
+    "closed-loop-result": (RUN13, False, False),
+    "closed-loop-result-pooled": (RUN13, False, True),
+    "closed-loop-result-second-calibration": (RUN.parent / "h200-vllm0.24-run13-second", False, False),
+    "closed-loop-result-second-calibration-pooled": (RUN.parent / "h200-vllm0.24-run13-second", False, True),
+    "closed-loop-result-profile": (RUN13, True, False),
+    "closed-loop-result-profile-pooled": (RUN13, True, True),
+}
+
+
+def test_run13_the_plan_with_its_long_context_step(specs, tmp_path, capsys):
+    """Run 13 (one fresh lease): the plan as it ships, with its decode step at B = 4 and 8k tokens of context,
+    calibrated in 181 s on the fresh node (engine starts 106 s) and 158 s again; its own calibration predicts the
+    closed loop within a median 10.0 % (n-gram 4.7 %, the draft model 15 %), 35 / 36 signs (the miss at
+    break-even: n-gram at 0.5, B = 16, measured 1.05x and 1.00x, "calibrate"). The long step moves a calibration's
+    split of HBM efficiency and per-step overhead too little to price run 12's B = 32 step at 8k (+20 %, +22 %
+    without it): its KV read is a fifth of the step's bytes. Run 12's B = 8 step would take it to +13 %."""
+    from advisor.costmodel.steptime import forward_cost, step_time_from_cost
+
+    walls = [json.loads((run / "calibration-run.json").read_text()) for run in
+             (RUN13, RUN.parent / "h200-vllm0.24-run13-second")]
+    assert [w["wall_s"] for w in walls] == [181.1, 157.7] and walls[0]["split_s"]["engine start"] == 106.1
+    long = [r["values"] for r in gcl.calibration_records(RUN13) if r["probe"] == "step_time"
+            and r["values"]["context_len"] >= 8192]
+    assert [(v["batch_size"], v["step_s"]) for v in long] == [(4, pytest.approx(5.74e-3, abs=1e-5))]
+    gpu, target, draft = specs
+    cost = forward_cost(gpu, target, "bf16", 1, "auto")
+    kv = gcl.load_jsonl(gcl.REPO_ROOT / gcl.PROFILE_LONG_CONTEXT)
+    b32 = next(r["values"] for r in kv if r["probe"] == "step_time" and r["values"]["batch_size"] == 32)
+
+    def b32_error(records) -> float:
+        params = gcl.build_gpu_calibration(records, gpu, target, draft)[0].step_time[target.name]
+        ctx = b32["context_len"] + 1 + b32["steps"] / 2
+        return float(step_time_from_cost(cost, params, 32, 1, ctx)) / b32["step_s"] - 1
+
+    b8 = [r for r in kv if r["probe"] == "step_time" and r["values"]["batch_size"] == 8]
+    assert 0.19 < b32_error(gcl.calibration_records(RUN13)) < 0.21 < b32_error(gcl.calibration_records(RUN10)) < 0.22
+    assert 0.11 < b32_error(gcl.with_target_steps(gcl.calibration_records(RUN13), b8)) < 0.15
+    medians = {}
+    for name, (calibration, profile, pooled) in RUN13_RESULTS.items():
+        out = tmp_path / f"{name}.json"
+        gcl.analyze(RUN13, out, calibration, (RUN.parent / "h200-vllm0.24-run13-remeasure",) if pooled else (),
+                    profile)
+        got = json.loads(out.read_text())
+        assert _same(got["summary"], json.loads((RUN13 / out.name).read_text())["summary"]), name
+        medians[name] = got["summary"]["median_abs_error"]
+        assert got["summary"]["sign_right"] >= 35 and got["summary"]["interval_coverage"] >= 0.97
+    capsys.readouterr()
+    assert medians["closed-loop-result"] == pytest.approx(0.0999, abs=5e-4)
+    assert medians["closed-loop-result-profile"] < 0.09 and max(medians.values()) < 0.12
+
+
+def test_run13_long_context_closed_loop():
+    """Run 13 at 4k-token prompts (``measure --prompt-tokens 4096 --batch-sizes 1,4,16,64``, baseline and n-gram at
+    0.5 and 0.8): the end-to-end speedups, prefill included, come within a median 3.1 % of the run's own calibration
+    (the shipped profile 2.3 %), every sign right and every interval covering. Where decode is most of the time
+    (B = 1, 4) the decode speedups are within 5-11 % (the profile: 14 %); from B = 16 the batch's prefill (64 x 4k tokens: about 7 s)
+    outweighs its decode, and neither clock isolates decode any more (the batch's and each request's disagree by up
+    to 35 %). At a long context n-gram still pays at B = 64 (1.62x decode at 0.8), where at 128 tokens it is even."""
+    summaries = {}
+    for name, (calibration, profile) in {"closed-loop-result": (RUN13, False),
+                                         "closed-loop-result-profile": (RUN13, True)}.items():
+        points, _ = gcl.predict_measurements(RUN13.parent / "h200-vllm0.24-run13-long",
+                                             gcl.calibration_records(calibration),
+                                             gcl.shipped_profile() if profile else None)
+        s = gcl.summarise(points)
+        assert _same(s, json.loads((RUN13.parent / "h200-vllm0.24-run13-long" / f"{name}.json").read_text())["summary"])
+        assert s["points"] == 8 and s["sign_right"] == 8 and s["interval_coverage"] == 1.0
+        assert not [p for p in points if (p.extra["decision"], p.measured > 1) in (("go", False), ("no-go", True))]
+        summaries[name] = s
+        small = [p for p in points if p.batch_size <= 4]
+        assert max(abs(p.extra["decode_predicted"] / p.extra["decode_measured"] - 1) for p in small) < 0.15
+    assert summaries["closed-loop-result"]["median_abs_error"] == pytest.approx(0.031, abs=1e-3)
+    assert summaries["closed-loop-result-profile"]["median_abs_error"] < 0.03
+    rows = gcl.measurement_rows(RUN13.parent / "h200-vllm0.24-run13-long")
+    assert {r["prompt_tokens"] for r in rows} == {4096}
+    decode = {(r["engine"], r["batch_size"]): gcl._decode_s(r) for r in rows}
+    assert decode["baseline", 64] / decode["ngram-k3-a0.8", 64] > 1.5
+
+
 RUN_FP8 = RUN.parent / "h200-vllm0.24-fp8"
 RUN_FP8_RESULTS = {  # stored closed loop -> (the calibration, or the shipped profile; against both measurements)
     "closed-loop-result": (RUN_FP8, False, False),
@@ -563,8 +682,10 @@ def test_fp8_run_fits_at_fp8_and_the_bf16_profile_prices_fp8(specs, tmp_path, ca
     fresh node (154.4 s again). The fit is keyed and fitted at fp8 (the jobs' fit read bf16 before); fp8 decode
     steps are ~0.7x bf16's (B = 1: 3.30 against 4.73 ms in run 10). Against both measurements the run's own
     calibration predicts within 6.3 % (35 / 36 signs) and the shipped bf16 profile, priced at fp8 weights as a
-    scenario with ``vllm_version`` gets it, within 11.3 % (34 / 36; 8.8 % and 35 / 36 before run 12's long-context
-    steps joined its fit); a calibration of other weights is never substituted (the uncalibrated prior: 83 %)."""
+    scenario with ``vllm_version`` gets it, within 16.0 % (33 / 36, each miss a "calibrate" at break-even; n-gram
+    6.3 %, the draft model 21 %: this lease's draft model ran fast, the pooled profile's leases slow). Run 1's fit
+    alone gave 8.8 %, with run 12's long-context steps 11.3 %. A calibration of other weights is never substituted
+    (the uncalibrated prior: 83 %)."""
     from calibration import jobs
 
     walls = [json.loads((run / "calibration-run.json").read_text()) for run in
@@ -601,9 +722,11 @@ def test_fp8_run_fits_at_fp8_and_the_bf16_profile_prices_fp8(specs, tmp_path, ca
         got = json.loads(out.read_text())
         assert _same(got["summary"], json.loads((RUN_FP8 / out.name).read_text())["summary"]), name
         medians[name] = got["summary"]["median_abs_error"]
-        assert got["summary"]["sign_right"] >= (34 if pooled else 32) and got["summary"]["interval_coverage"] >= 0.94
+        assert got["summary"]["sign_right"] >= (33 if pooled else 32) and got["summary"]["interval_coverage"] >= 0.94
+        assert {p["extra"]["decision"] for p in got["points"]
+                if (p["predicted"] > 1) != (p["measured"] > 1)} <= {"calibrate"}  # the misses: at break-even
     capsys.readouterr()
-    assert medians["closed-loop-result-pooled"] < 0.07 and medians["closed-loop-result-profile-pooled"] < 0.12
+    assert medians["closed-loop-result-pooled"] < 0.07 and medians["closed-loop-result-profile-pooled"] < 0.17
     assert max(medians.values()) < 0.16
     points, _ = gcl.predict_measurements(RUN_FP8, gcl.calibration_records(RUN))  # a bf16 calibration: not used
     assert statistics.median(abs(p.error) for p in points) > 0.5
@@ -614,9 +737,11 @@ def test_kv_cache_dtype_capacity_and_long_context_steps():
     vLLM's KV capacity doubles with fp8 (the memory model's bytes per token: 131,072 -> 65,536), and its 111.6 GiB
     hold exactly what those bytes say (up to vLLM's 16-token blocks and the log's rounding). Run 1's fit alone (the
     profile before) priced a bf16-KV decode step at B = 32 and 8k context 28 % slow: from 128-token contexts it
-    cannot tell the bandwidth efficiency from the per-step overhead (0.64 and 0 ms). The shipped profile, fitted
-    with these long-context steps too (0.90 and 1.32 ms), comes within 3 %; the fp8-KV steps, priced with an fp8
-    read at 1.44 bytes per byte (set from them: vLLM 0.24 reads an fp8 cache at ~70 % of bf16's rate), within 2 %."""
+    cannot tell the bandwidth efficiency from the per-step overhead (0.64 and 0 ms). The shipped profile, whose
+    pooled calibrations each take these long-context steps too (0.85 and 0.97 ms), comes within 4 % for the bf16
+    cache (run 1 with these steps alone: 0.90 and 1.32 ms, within 3 %); the fp8-KV steps, priced with an fp8 read at
+    1.44 bytes per byte (set from them with that fit: vLLM 0.24 reads an fp8 cache at ~70 % of bf16's rate), within
+    4.5 %."""
     from benchmarks import kv_cache_dtype as kvb
 
     got = kvb.analyze()
@@ -629,8 +754,8 @@ def test_kv_cache_dtype_capacity_and_long_context_steps():
     err = {(s["kv_cache_dtype"], s["batch_size"]): (s["run1_fit_s"] / s["measured_s"] - 1,
                                                      s["shipped_profile_s"] / s["measured_s"] - 1) for s in got["steps"]}
     assert 0.25 < err["auto", 32][0] < 0.3
-    assert max(abs(e[1]) for e in err.values()) < 0.04
-    assert 0.85 < got["profile"]["bandwidth_efficiency"] < 0.95 and got["profile"]["fixed_overhead_s"] > 1e-3
+    assert max(abs(e[1]) for e in err.values()) < 0.045 and max(abs(err["auto", b][1]) for b in (1, 8, 32)) < 0.04
+    assert 0.85 < got["profile"]["bandwidth_efficiency"] < 0.95 and got["profile"]["fixed_overhead_s"] > 0.9e-3
     assert got["run1_fit"]["fixed_overhead_s"] < 1e-6
 
 
@@ -701,7 +826,8 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     spread about as far below their median as above it -- pooled over the twelve H200 calibrations before run 9
     18.8 % vs 20.9 % (the ten before run 8: 19.5 % vs 21.3 %) -- and on the shipped profile's calibration further
     below (25.4 % vs 22.3 %: the T = 0.8 point repeated at 34.6-71.2 ms), so a two-piece σ would not narrow the
-    profile's fast side. Run 9's four calibrations lean slow (15.8 % vs 27.4 %; all sixteen: 18.1 % vs 22.6 %)."""
+    profile's fast side. Run 9's four calibrations lean slow (15.8 % vs 27.4 %; all sixteen: 18.1 % vs 22.6 %), and
+    so do run 13's two (8.0 % vs 12.5 %; all twenty-one: 16.9 % vs 21.1 %)."""
     from calibration import fit
 
     _, target, draft = specs
@@ -712,9 +838,9 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
             continue  # the EAGLE runs: a head's cycles; a failed one; the fp8 target's runs
         path, models = gcl.fit_models(records, draft)
         cycles[run.name] = [p for p in fit.step_points(records, target, path, models) if p.drafter_forwards]
-    assert len(cycles) == 19
-    below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run9" not in n and "run10" not in n
-                                             for p in c])
+    assert len(cycles) == 21
+    below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items()
+                                             if "run9" not in n and "run10" not in n and "run13" not in n for p in c])
     assert below == pytest.approx(above, rel=0.12) and 0.15 < above < 0.25
     # run 9's four (two of them over 128-token generations) lean slow: 15.8 % below vs 27.4 % above
     below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run9" in n for p in c])
@@ -724,3 +850,8 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     # run 10's three (the plan as it ships): one leans slow, two fast; together 13.0 % vs 15.3 %
     below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run10" in n for p in c])
     assert below == pytest.approx(above, rel=0.25)
+    # run 13's two lean slow (8.0 % vs 12.5 %), as run 9's did; all twenty-one: 16.9 % vs 21.1 %
+    below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run13" in n for p in c])
+    assert below < 0.7 * above
+    below, above = fit.repeat_semi_log_stds([p for c in cycles.values() for p in c])
+    assert below == pytest.approx(0.169, abs=0.002) and above == pytest.approx(0.211, abs=0.002)
