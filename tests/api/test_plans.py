@@ -132,7 +132,7 @@ def test_a_plan_naming_its_vllm_version_is_timed_by_the_measured_profile(client)
     assert spec["speculative"]["speculator"]["method"] == "eagle3"
     gain = spec["speculative"]["speculator"]["decode_gain_at_operating_batch"]
     default_spec = next(o for o in default["options"] if o["mode"] == "speculative")["speculator"]
-    assert default_spec["method"] == "eagle3" and gain > 1.5 > 1.4 > default_spec["decode_gain_at_operating_batch"]
+    assert default_spec["method"] == "eagle3" and gain > 1.45 > 1.4 > default_spec["decode_gain_at_operating_batch"]
     alone = {**body, "speculators": speculators[:1]}
 
     def draft_model_gain(plan: dict) -> float:

@@ -122,8 +122,9 @@ def test_profile_gives_measured_answers(specs):
     items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
     profile = MeasuredEngineProfile.from_dict(items[0])
     dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
-    # measured 0.43-0.68× at B = 1 (k = 3, 0.8 per position) over six leases; the pooled profile says so, with an
-    # interval as wide as the draft model's host-bound cycles vary between leases, and its top below 1
+    # measured 0.30-0.75× at B = 1 (k = 3, 0.8 per position; 128 + 128 tokens) over eleven measurements on nine
+    # leases; the pooled profile says so, with an interval as wide as the draft model's host-bound cycles vary
+    # between leases, and its top below 1
     assert dm["decision"] == "no-go" and 0.43 < dm["speedup"]["expected"] < 0.6 and dm["speedup"]["high"] < 0.9
     big = predict(_scenario("draft_model", 64), gpu, target, draft, profile=profile, samples=400).to_dict()
     assert big["decision"] == "no-go" and big["speedup"]["high"] < 1.0
@@ -765,7 +766,7 @@ def test_no_stored_gpu_closed_loop_has_a_wrong_verdict():
     "calibrate"; no "go" was measured slower than no speculation and no "no-go" faster."""
     points = [p for f in sorted(RUN.parent.glob("h200-vllm0.24*/closed-loop-result*.json"))
               for p in json.loads(f.read_text())["points"]]
-    assert len(points) >= 1284
+    assert len(points) >= 1524
     misses = [p for p in points if (p["predicted"] > 1) != (p["measured"] > 1)]
     assert 0 < len(misses) < 0.05 * len(points) and {p["extra"]["decision"] for p in misses} == {"calibrate"}
     assert not [p for p in points if p["extra"]["decision"] == "go" and p["measured"] < 1]
