@@ -585,15 +585,22 @@ def test_run10_the_plan_as_it_ships(tmp_path, capsys):
     assert 0.09 < min(m for (_, s), m in medians.items() if not s) and max(medians.values()) < 0.14
 
 
+def rederived_closed_loops(run: Path, tmp_path: Path):
+    """Each closed loop stored in ``run`` (its own calibration, the lease's second one ``RUN-second``, the shipped
+    profile; each against the measurement and against it pooled with ``RUN-remeasure``), analysed again and checked
+    against the stored summary: yields (stored name, pooled, the analysis)."""
+    for calibration, profile, label in ((run, False, ""), (run.parent / f"{run.name}-second", False,
+                                                           "-second-calibration"), (run, True, "-profile")):
+        for pooled in (False, True):
+            name = f"closed-loop-result{label}{'-pooled' if pooled else ''}"
+            out = tmp_path / f"{name}.json"
+            gcl.analyze(run, out, calibration, (run.parent / f"{run.name}-remeasure",) if pooled else (), profile)
+            got = json.loads(out.read_text())
+            assert _same(got["summary"], json.loads((run / out.name).read_text())["summary"]), name
+            yield name, pooled, got
+
+
 RUN13 = RUN.parent / "h200-vllm0.24-run13"
-RUN13_RESULTS = {  # stored closed loop -> (the calibration, or the shipped profile; against both measurements)
-    "closed-loop-result": (RUN13, False, False),
-    "closed-loop-result-pooled": (RUN13, False, True),
-    "closed-loop-result-second-calibration": (RUN.parent / "h200-vllm0.24-run13-second", False, False),
-    "closed-loop-result-second-calibration-pooled": (RUN.parent / "h200-vllm0.24-run13-second", False, True),
-    "closed-loop-result-profile": (RUN13, True, False),
-    "closed-loop-result-profile-pooled": (RUN13, True, True),
-}
 
 
 def test_run13_the_plan_with_its_long_context_step(specs, tmp_path, capsys):
@@ -625,12 +632,7 @@ def test_run13_the_plan_with_its_long_context_step(specs, tmp_path, capsys):
     assert 0.19 < b32_error(gcl.calibration_records(RUN13)) < 0.21 < b32_error(gcl.calibration_records(RUN10)) < 0.22
     assert 0.11 < b32_error(gcl.with_target_steps(gcl.calibration_records(RUN13), b8)) < 0.15
     medians = {}
-    for name, (calibration, profile, pooled) in RUN13_RESULTS.items():
-        out = tmp_path / f"{name}.json"
-        gcl.analyze(RUN13, out, calibration, (RUN.parent / "h200-vllm0.24-run13-remeasure",) if pooled else (),
-                    profile)
-        got = json.loads(out.read_text())
-        assert _same(got["summary"], json.loads((RUN13 / out.name).read_text())["summary"]), name
+    for name, _, got in rederived_closed_loops(RUN13, tmp_path):
         medians[name] = got["summary"]["median_abs_error"]
         assert got["summary"]["sign_right"] >= 35 and got["summary"]["interval_coverage"] >= 0.97
     capsys.readouterr()
@@ -667,14 +669,6 @@ def test_run13_long_context_closed_loop():
 
 
 RUN_FP8 = RUN.parent / "h200-vllm0.24-fp8"
-RUN_FP8_RESULTS = {  # stored closed loop -> (the calibration, or the shipped profile; against both measurements)
-    "closed-loop-result": (RUN_FP8, False, False),
-    "closed-loop-result-pooled": (RUN_FP8, False, True),
-    "closed-loop-result-second-calibration": (RUN.parent / "h200-vllm0.24-fp8-second", False, False),
-    "closed-loop-result-second-calibration-pooled": (RUN.parent / "h200-vllm0.24-fp8-second", False, True),
-    "closed-loop-result-profile": (RUN_FP8, True, False),
-    "closed-loop-result-profile-pooled": (RUN_FP8, True, True),
-}
 
 
 def test_fp8_run_fits_at_fp8_and_the_bf16_profile_prices_fp8(specs, tmp_path, capsys):
@@ -716,12 +710,7 @@ def test_fp8_run_fits_at_fp8_and_the_bf16_profile_prices_fp8(specs, tmp_path, ca
                                                                  Specs()) if f["kind"] == "step_time"}
     assert not _same(bf16_fit[target.name], fits[target.name])
     medians = {}
-    for name, (calibration, profile, pooled) in RUN_FP8_RESULTS.items():
-        out = tmp_path / f"{name}.json"
-        gcl.analyze(RUN_FP8, out, calibration, (RUN.parent / "h200-vllm0.24-fp8-remeasure",) if pooled else (),
-                    profile)
-        got = json.loads(out.read_text())
-        assert _same(got["summary"], json.loads((RUN_FP8 / out.name).read_text())["summary"]), name
+    for name, pooled, got in rederived_closed_loops(RUN_FP8, tmp_path):
         medians[name] = got["summary"]["median_abs_error"]
         assert got["summary"]["sign_right"] >= (33 if pooled else 32) and got["summary"]["interval_coverage"] >= 0.94
         assert {p["extra"]["decision"] for p in got["points"]
