@@ -542,7 +542,7 @@ PROFILE_POOL = tuple(Path("benchmarks/data") / n for n in (
     "h200-vllm0.24-run10-third"))
 
 
-def pooled_records(runs: list[Path], extra: list[dict] = ()) -> list[dict]:
+def pooled_records(runs: list[Path], extra: list[dict] | tuple = ()) -> list[dict]:
     """The calibration records of several runs as one run's: each later run's checkpoint paths (its workdir's
     shapes, e.g. /tmp/w2/shapes/NAME) are rewritten to the first run's of the same catalog name, so the fit takes
     them as the same target and drafter (:func:`calibration.fit.fit_run` keys its records by checkpoint path).
