@@ -288,10 +288,13 @@ class ProbeConfig:
     # one more target decode step at this context (B = long_context_batch): at a short context the KV read is
     # negligible and the fit cannot tell the bandwidth efficiency from the per-step overhead; at 8k tokens it can
     # (H200 run 12: the profile's fit without such steps priced B = 32 at 8k context 28 % slow). None: not probed
-    # (the default: a model's context window may be shorter). B = 4 at 8k tokens needs no more KV cache than the
-    # plan's 256 short sequences, so four engines still start together on an H200.
+    # (the default: a model's context window may be shorter). The step tells the fit more the more KV it reads: at
+    # B = 4 and 8k (4 GB against 16 GB of weights) run 13's fit still priced B = 32 at 8k +20 % slow; with run 12's
+    # B = 8 step in its place, +15 %. B = 8 at 8k fills the cache the plan's 256 short sequences are given (the long
+    # step runs on the plain target, with no drafter sharing its pool: :func:`default_kv_cache_gib`), so four
+    # engines still start together on an H200.
     long_context_len: int | None = None
-    long_context_batch: int = 4
+    long_context_batch: int = 8
     # tokens per timed generation of whole speculative cycles at B <= LARGE_BATCH (above it: decode_tokens, so the
     # KV cache planned for the steps still holds the batch and four engines start together on one H200). None: 128
     # on GPUs, decode_tokens on the CPU. On the H200 (vLLM 0.24, run 9) a draft model's cycles slowed along a
@@ -1286,10 +1289,13 @@ def engine_memory_estimate_bytes(item: EnginePlan, cfg: ProbeConfig) -> int:
     return (weights(item.model) + weights(draft)) // tp + kv + 5 * 2**30
 
 
+LONG_STEP_SPARE = 1.05  # the long-context step's sequences: vLLM's block rounding (no drafter shares that engine)
+
+
 def default_kv_cache_gib(cfg: ProbeConfig, spare: float = 1.5) -> float:
     """KV cache for engines that start together: every probe's batch with its drafts, and one longest sequence,
-    with ``spare`` - 1 to spare (50 %: the drafter's layers share the pool); at 2 bytes per element of the target's
-    K and V."""
+    with ``spare`` - 1 to spare (50 %: the drafter's layers share the pool), or the long-context step's batch with
+    5 %; at 2 bytes per element of the target's K and V."""
     try:
         c = json.loads((Path((cfg.model or "").split("@layers=")[0]) / "config.json").read_text())
     except (OSError, ValueError):
@@ -1299,9 +1305,10 @@ def default_kv_cache_gib(cfg: ProbeConfig, spare: float = 1.5) -> float:
     per_token = 2 * int(c.get("num_hidden_layers", 0)) * int(c.get("num_key_value_heads", heads)) * hd * 2
     kmax = max([*cfg.verify_ks, *(d.k for d in cfg.drafters), 0])
     generated = max(cfg.decode_tokens, cfg.max_tokens if "acceptance" in cfg.probes else 0)
-    tokens = max(cfg.max_model_len or 0, (cfg.max_num_seqs or 1) * (cfg.context_len + generated + 1 + kmax + 16),
-                 cfg.long_context_batch * ((cfg.long_context_len or 0) + cfg.decode_tokens + 1 + 16))
-    return max(1.0, round(spare * tokens * per_token / max(1, cfg.tensor_parallel_size) / 2**30, 1))
+    tokens = max(spare * max(cfg.max_model_len or 0,
+                             (cfg.max_num_seqs or 1) * (cfg.context_len + generated + 1 + kmax + 16)),
+                 LONG_STEP_SPARE * cfg.long_context_batch * ((cfg.long_context_len or 0) + cfg.decode_tokens + 1 + 16))
+    return max(1.0, round(tokens * per_token / max(1, cfg.tensor_parallel_size) / 2**30, 1))
 
 
 def held_engine_config(cfg: ProbeConfig, engines: int) -> ProbeConfig:

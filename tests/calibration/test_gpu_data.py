@@ -609,7 +609,8 @@ def test_run13_the_plan_with_its_long_context_step(specs, tmp_path, capsys):
     closed loop within a median 10.0 % (n-gram 4.7 %, the draft model 15 %), 35 / 36 signs (the miss at
     break-even: n-gram at 0.5, B = 16, measured 1.05x and 1.00x, "calibrate"). The long step moves a calibration's
     split of HBM efficiency and per-step overhead too little to price run 12's B = 32 step at 8k (+20 %, +22 %
-    without it): its KV read is a fifth of the step's bytes. Run 12's B = 8 step would take it to +13 %."""
+    without it): its KV read is a fifth of the step's bytes. Run 12's B = 8 step in its place (the plan's long step
+    since run 13) would take it to +15 %."""
     from advisor.costmodel.steptime import forward_cost, step_time_from_cost
 
     walls = [json.loads((run / "calibration-run.json").read_text()) for run in
@@ -630,7 +631,8 @@ def test_run13_the_plan_with_its_long_context_step(specs, tmp_path, capsys):
 
     b8 = [r for r in kv if r["probe"] == "step_time" and r["values"]["batch_size"] == 8]
     assert 0.19 < b32_error(gcl.calibration_records(RUN13)) < 0.21 < b32_error(gcl.calibration_records(RUN10)) < 0.22
-    assert 0.11 < b32_error(gcl.with_target_steps(gcl.calibration_records(RUN13), b8)) < 0.15
+    short = [r for r in gcl.calibration_records(RUN13) if r["probe"] != "step_time" or r["values"]["context_len"] < 8192]
+    assert 0.13 < b32_error(gcl.with_target_steps(short, b8)) < 0.17
     medians = {}
     for name, _, got in rederived_closed_loops(RUN13, tmp_path):
         medians[name] = got["summary"]["median_abs_error"]

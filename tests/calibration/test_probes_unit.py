@@ -181,8 +181,9 @@ def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
     assert max(t[1] for e in cycles for t in e.tasks) == 256
     prefill = [t for t in plan["target"].tasks if t[0] == "prefill"]
     assert max(t[1] for t in prefill) == 8192 and any(t[2] > 1 for t in prefill)
-    # one decode step at a long context (run 12): it tells the bandwidth efficiency from the per-step overhead
-    assert ("long_step", 4, 8192) in plan["target"].tasks and cfg.max_model_len >= 8192 + 33
+    # one decode step at a long context (run 12): it tells the bandwidth efficiency from the per-step overhead, the
+    # more the more KV it reads (run 13: B = 4 too little); B = 8 at 8k fills the short probes' cache, no more
+    assert ("long_step", 8, 8192) in plan["target"].tasks and cfg.max_model_len >= 8192 + 33
     assert not any(t[0] == "long_step" for t in plan_engines(probes.ProbeConfig().resolved(on_gpu=True))[0].tasks)
 
 
@@ -199,6 +200,9 @@ def test_gpu_engines_start_together_as_memory_allows(tmp_path):
     assert cfg.parallel_starts
     kv_gib = default_kv_cache_gib(cfg)
     assert 6 < kv_gib < 10  # 256 sequences of ~180 tokens at 128 KiB each, with 50 % to spare
+    # the long-context step's 8 sequences of 8k tokens fit that cache: it costs the start-together nothing
+    assert kv_gib == default_kv_cache_gib(dataclasses.replace(cfg, long_context_len=None))
+    assert 8 * (8192 + cfg.decode_tokens + 1) * 128 * 2**10 < kv_gib * 2**30
     plan = plan_engines(cfg)
     est = {e.label: engine_memory_estimate_bytes(e, dataclasses.replace(cfg, kv_cache_memory_gib=kv_gib))
            for e in plan}
