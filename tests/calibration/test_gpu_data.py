@@ -585,16 +585,19 @@ def test_run10_the_plan_as_it_ships(tmp_path, capsys):
     assert 0.09 < min(m for (_, s), m in medians.items() if not s) and max(medians.values()) < 0.14
 
 
-def rederived_closed_loops(run: Path, tmp_path: Path):
-    """Each closed loop stored in ``run`` (its own calibration, the lease's second one ``RUN-second``, the shipped
-    profile; each against the measurement and against it pooled with ``RUN-remeasure``), analysed again and checked
-    against the stored summary: yields (stored name, pooled, the analysis)."""
-    for calibration, profile, label in ((run, False, ""), (run.parent / f"{run.name}-second", False,
-                                                           "-second-calibration"), (run, True, "-profile")):
-        for pooled in (False, True):
+def rederived_closed_loops(run: Path, tmp_path: Path, calibrated_by: Path | None = None):
+    """Each closed loop stored in ``run`` (the calibration ``calibrated_by``, default ``run`` itself, the lease's
+    second one ``…-second``, the shipped profile; each against the measurement and, where ``RUN-remeasure`` exists,
+    against it pooled with that), analysed again and checked against the stored summary: yields (stored name,
+    pooled, the analysis)."""
+    first = calibrated_by or run
+    remeasure = run.parent / f"{run.name}-remeasure"
+    for calibration, profile, label in ((first, False, ""), (first.parent / f"{first.name}-second", False,
+                                                             "-second-calibration"), (first, True, "-profile")):
+        for pooled in (False, True) if remeasure.exists() else (False,):
             name = f"closed-loop-result{label}{'-pooled' if pooled else ''}"
             out = tmp_path / f"{name}.json"
-            gcl.analyze(run, out, calibration, (run.parent / f"{run.name}-remeasure",) if pooled else (), profile)
+            gcl.analyze(run, out, calibration, (remeasure,) if pooled else (), profile)
             got = json.loads(out.read_text())
             assert _same(got["summary"], json.loads((run / out.name).read_text())["summary"]), name
             yield name, pooled, got
@@ -643,7 +646,7 @@ def test_run13_the_plan_with_its_long_context_step(specs, tmp_path, capsys):
     assert medians["closed-loop-result-profile"] < 0.09 and max(medians.values()) < 0.12
 
 
-def test_run13_long_context_closed_loop():
+def test_run13_long_context_closed_loop(tmp_path, capsys):
     """Run 13 at 4k-token prompts (``measure --prompt-tokens 4096 --batch-sizes 1,4,16,64``, baseline and n-gram at
     0.5 and 0.8): the end-to-end speedups, prefill included, come within a median 3.1 % of the run's own calibration (the
     shipped profile 2.3 %), every sign right and every interval covering. Where decode is most of the time (B = 1,
@@ -651,22 +654,21 @@ def test_run13_long_context_closed_loop():
     about 7 s) outweighs its decode, and neither clock isolates decode any more (the batch's and each request's
     disagree by up to 35 %). At a long context n-gram still pays at B = 64 (1.62x decode at 0.8), where at 128
     tokens it is even."""
+    long = RUN13.parent / "h200-vllm0.24-run13-long"
     summaries = {}
-    for name, (calibration, profile) in {"closed-loop-result": (RUN13, False),
-                                         "closed-loop-result-profile": (RUN13, True)}.items():
-        points, _ = gcl.predict_measurements(RUN13.parent / "h200-vllm0.24-run13-long",
-                                             gcl.calibration_records(calibration),
-                                             gcl.shipped_profile() if profile else None)
-        s = gcl.summarise(points)
-        assert _same(s, json.loads((RUN13.parent / "h200-vllm0.24-run13-long" / f"{name}.json").read_text())["summary"])
+    for name, _, got in rederived_closed_loops(long, tmp_path, calibrated_by=RUN13):
+        s, points = got["summary"], got["points"]
         assert s["points"] == 8 and s["sign_right"] == 8 and s["interval_coverage"] == 1.0
-        assert not [p for p in points if (p.extra["decision"], p.measured > 1) in (("go", False), ("no-go", True))]
+        assert not [p for p in points if (p["extra"]["decision"], p["measured"] > 1) in (("go", False),
+                                                                                       ("no-go", True))]
         summaries[name] = s
-        small = [p for p in points if p.batch_size <= 4]
-        assert max(abs(p.extra["decode_predicted"] / p.extra["decode_measured"] - 1) for p in small) < 0.15
+        small = [p["extra"] for p in points if p["batch_size"] <= 4]
+        assert max(abs(e["decode_predicted"] / e["decode_measured"] - 1) for e in small) < 0.15
+    capsys.readouterr()
     assert summaries["closed-loop-result"]["median_abs_error"] == pytest.approx(0.031, abs=1e-3)
+    assert summaries["closed-loop-result-second-calibration"]["median_abs_error"] == pytest.approx(0.016, abs=1e-3)
     assert summaries["closed-loop-result-profile"]["median_abs_error"] < 0.03
-    rows = gcl.measurement_rows(RUN13.parent / "h200-vllm0.24-run13-long")
+    rows = gcl.measurement_rows(long)
     assert {r["prompt_tokens"] for r in rows} == {4096}
     decode = {(r["engine"], r["batch_size"]): gcl._decode_s(r) for r in rows}
     assert decode["baseline", 64] / decode["ngram-k3-a0.8", 64] > 1.5
