@@ -432,6 +432,11 @@ class CalibrationRequestSchema(StrictSchema):
     probes = fields.List(fields.String(validate=validate.OneOf(("timing", "prefill", "acceptance", "memory"))),
                          load_default=["timing", "prefill", "acceptance", "memory"])
     engine = FreeDict(load_default=dict, metadata={"description": "Extra vLLM engine arguments."})
+    pool_earlier_runs = fields.Boolean(load_default=True, metadata={
+        "description": "Fit the timing probes together with those of up to 3 earlier succeeded runs of the same "
+                       "hardware, target, method, drafter, engine dtypes, tensor-parallel size, mode and software "
+                       "(each engine start samples one host-bound state; docs/calibration.md). false: this run's "
+                       "records alone."})
 
 
 class MeasurementSchema(StrictSchema):

@@ -420,13 +420,17 @@ def measurement_rows(workdir: Path) -> list[dict]:
 
 
 def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None,
-            remeasured: tuple[Path, ...] = (), profile: bool = False) -> int:
+            remeasured: tuple[Path, ...] = (), profile: bool = False, pooled_with: tuple[Path, ...] = ()) -> int:
     """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run); with
-    ``remeasured`` (later measurements of the same engines), against their pooled speedups (``pool_measurements``);
-    with ``profile``, from the shipped engine profile of H200-SXM × vLLM 0.24 instead of any calibration (the answer
-    a scenario naming that vLLM version gets before its user calibrates)."""
-    points, results = predict_measurements(workdir, calibration_records(calibration_dir or workdir),
-                                           shipped_profile() if profile else None)
+    ``pooled_with`` (earlier calibrations of the same conditions), from its fit with their timing records, as a
+    product run's fit pools its earlier runs' (:func:`calibration.fit.pool_runs`); with ``remeasured`` (later
+    measurements of the same engines), against their pooled speedups (``pool_measurements``); with ``profile``,
+    from the shipped engine profile of H200-SXM × vLLM 0.24 instead of any calibration (the answer a scenario
+    naming that vLLM version gets before its user calibrates)."""
+    from calibration.fit import POOLED_PROBES, pool_runs
+
+    records = pool_runs([calibration_records(d) for d in (calibration_dir or workdir, *pooled_with)], POOLED_PROBES)
+    points, results = predict_measurements(workdir, records, shipped_profile() if profile else None)
     if remeasured:
         points = pool_measurements(points, [measured_speedups(d) for d in remeasured])
     step_fit = results[f"step_time:{TARGET}"]
@@ -543,31 +547,13 @@ PROFILE_POOL = tuple(Path("benchmarks/data") / n for n in (
 
 
 def pooled_records(runs: list[Path], extra: list[dict] | tuple = ()) -> list[dict]:
-    """The calibration records of several runs as one run's: each later run's checkpoint paths (its workdir's
-    shapes, e.g. /tmp/w2/shapes/NAME) are rewritten to the first run's of the same catalog name, so the fit takes
-    them as the same target and drafter (:func:`calibration.fit.fit_run` keys its records by checkpoint path).
-    ``extra``: records whose target decode steps join each run's (:func:`with_target_steps`), so that they weigh
-    in the pooled fit as in each run's own."""
-    def records(run: Path) -> list[dict]:
-        return with_target_steps(calibration_records(run), list(extra)) if extra else calibration_records(run)
+    """The calibration records of several runs as one run's (:func:`calibration.fit.pool_runs`, as a product run
+    pools its earlier runs' timings, here with every probe). ``extra``: records whose target decode steps join each
+    run's (:func:`with_target_steps`), so that they weigh in the pooled fit as in each run's own."""
+    from calibration.fit import pool_runs
 
-    first = records(runs[0])
-    names = {Path(m).name: m for r in first for m in _record_paths(r)}
-    out = list(first)
-    for run in runs[1:]:
-        for r in records(run):
-            engine = dict(r["params"]["engine"])
-            engine["model"] = names.get(Path(engine["model"]).name, engine["model"])
-            spec = engine.get("speculative_config")
-            if spec and spec.get("model"):
-                engine["speculative_config"] = {**spec, "model": names.get(Path(spec["model"]).name, spec["model"])}
-            out.append({**r, "params": {**r["params"], "engine": engine}})
-    return out
-
-
-def _record_paths(record: dict) -> list[str]:
-    engine = record["params"]["engine"]
-    return [engine["model"]] + [m for m in [(engine.get("speculative_config") or {}).get("model")] if m]
+    return pool_runs([with_target_steps(calibration_records(run), list(extra)) if extra else calibration_records(run)
+                      for run in runs])
 
 
 def with_target_steps(records: list[dict], extra: list[dict]) -> list[dict]:
@@ -696,6 +682,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="profile: another run whose calibration records join --workdir's in one fit (repeatable)")
     parser.add_argument("--profile", action="store_true",
                         help="analyze: predict from the shipped engine profile (H200-SXM x vLLM 0.24), no calibration")
+    parser.add_argument("--pooled-with", type=Path, action="append", default=[], metavar="RUN",
+                        help="analyze: an earlier calibration whose timing records the fit pools (as the product's "
+                             "jobs pool a node's earlier runs of the same conditions); repeatable")
     parser.add_argument("--remeasured", type=Path, action="append", default=[],
                         help="analyze: a later measurement of the same engines (repeatable); the points are "
                              "compared with the geometric mean of all measurements")
@@ -727,7 +716,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(write_profile(args.workdir.resolve(), extra=tuple(args.extra_records),
                                        pool=tuple(args.pool)), indent=1))
         return 0
-    return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured), args.profile)
+    return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured), args.profile,
+                   tuple(args.pooled_with))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
                         help="probe/engine setting (JSON value), e.g. enforce_eager=false, kv_cache_space_gib=4")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the probe process is killed")
+    parser.add_argument("--no-pool", dest="pool_earlier_runs", action="store_false",
+                        help="fit this run's timings alone (default: pooled with up to 3 earlier runs of the same "
+                             "conditions)")
     parser.add_argument("--server", help="upload to this service instead of the local database")
     parser.add_argument("--token", help="API token for --server")
 
@@ -50,7 +53,7 @@ def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "num_speculative_tokens": args.num_speculative_tokens, "structures": split(args.structures, str),
         "temperatures": split(args.temperatures, float), "batch_sizes": split(args.batch_sizes, int),
         "prompts_per_structure": args.prompts_per_structure, "max_tokens": args.max_tokens,
-        "probes": split(args.probes, str), "engine": engine,
+        "probes": split(args.probes, str), "engine": engine, "pool_earlier_runs": args.pool_earlier_runs,
     }
     from advisor.schemas import CalibrationRequestSchema
 
@@ -76,6 +79,9 @@ class ProgressSink:
 
     def specs(self, request: dict[str, Any]) -> Any:
         return self.inner.specs(request)
+
+    def earlier_runs(self, request: dict[str, Any]) -> Any:
+        return self.inner.earlier_runs(request)
 
     def close(self) -> None:
         self.bar.close()

@@ -34,6 +34,7 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -680,6 +681,61 @@ def run_weights_dtype(records: Iterable[dict], settings: dict | None = None) -> 
     request's); bf16 where neither names a dtype or quantization (a bf16 shape's config says bfloat16)."""
     engine = next((e for r in records if (e := (r.get("params") or {}).get("engine"))), {})
     return engine_weights_dtype({**(settings or {}), **engine}) or "bf16"
+
+
+# Pooling runs. A speculative engine's host-bound steps land, at each start, in a state that holds for the engine's
+# life: on one H200 two calibrations minutes apart read the k = 5 verify at B = 1 as 11.9 and 9.0 ms and predicted
+# one closed loop within 13.4 and 15.1 %; their records fitted together, 11.3 % (run 13's two: 10.0, 11.5 -> 7.6 %;
+# docs/gpu-closed-loop.md, run 14). So a run's timing fit takes the timing records of the newest earlier runs of
+# the same conditions too (calibration.jobs); the acceptance and memory probes stay the run's own.
+POOLED_PROBES = ("step_time", "prefill")
+POOL_RUNS = 3  # earlier runs joined at most, newest first
+# what must be equal between two runs' environments for their timings to pool (not the host name: nodes of one
+# class pool, as the shipped engine profile pools leases)
+POOL_ENVIRONMENT = ("platform", "gpu_name", "gpu_count", "cpu_model", "cpu_count", "vllm_version", "torch_version",
+                    "cuda_version")
+
+
+def pool_key(request: dict[str, Any], environment: dict[str, Any] | None, records: Sequence[dict]) -> tuple:
+    """What a run's timings depend on besides noise: the request's hardware, target, method and drafter, the
+    engines' weights and KV-cache dtypes, tensor-parallel size and mode (the first recorded engine's settings over
+    the request's), and the software and hardware the environment names (``POOL_ENVIRONMENT``). Runs pool only
+    where this is equal."""
+    engine = next((e for r in records if (e := (r.get("params") or {}).get("engine"))), {})
+    settings = {**(request.get("engine") or {}), **engine}
+    return (request.get("hardware"), request.get("target_model"), request.get("method"), request.get("draft_model"),
+            request.get("weights_dtype") or run_weights_dtype(records, request.get("engine")),
+            engine_kv_cache_dtype(settings) or "auto", int(settings.get("tensor_parallel_size") or 1),
+            bool(settings.get("enforce_eager")), tuple((environment or {}).get(k) for k in POOL_ENVIRONMENT))
+
+
+def pool_runs(runs: Sequence[Sequence[dict]], probes: Sequence[str] | None = None) -> list[dict]:
+    """The records of several runs as one run's: the first run's, then each later run's (only its ``probes``
+    records, all where None) with its checkpoint paths rewritten to the first run's of the same file name (a GPU
+    run's shapes live in its own work directory, e.g. /tmp/w2/shapes/NAME), so that the fit, which keys records by
+    checkpoint path, takes them as the same target and drafter."""
+    first = list(runs[0]) if runs else []
+    names = {PurePath(m).name: m for r in first for m in _engine_paths(r)}
+    out = list(first)
+    for run in runs[1:]:
+        for r in run:
+            if probes is not None and r.get("probe") not in probes:
+                continue
+            engine = dict(r["params"]["engine"])
+            if engine.get("model"):
+                engine["model"] = names.get(PurePath(engine["model"]).name, engine["model"])
+            spec = engine.get("speculative_config")
+            if spec and spec.get("model"):
+                engine["speculative_config"] = {**spec, "model": names.get(PurePath(spec["model"]).name,
+                                                                               spec["model"])}
+            out.append({**r, "params": {**r["params"], "engine": engine}})
+    return out
+
+
+def _engine_paths(record: dict) -> list[str]:
+    engine = (record.get("params") or {}).get("engine") or {}
+    spec = engine.get("speculative_config") or {}
+    return [m for m in (engine.get("model"), spec.get("model")) if m]
 
 
 def fit_run(records: Iterable[Any], gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, method: str,

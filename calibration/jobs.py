@@ -19,12 +19,14 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any, Protocol
+from typing import Any, Iterator, NamedTuple, Protocol
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 1.0
+POOL_SCAN = 20  # the newest succeeded runs of a hardware looked at for pooling (calibration.fit.POOL_RUNS are taken)
 
 
 class Sink(Protocol):
@@ -33,6 +35,23 @@ class Sink(Protocol):
     def record(self, update: dict[str, Any]) -> None: ...
 
     def specs(self, request: dict[str, Any]) -> tuple[Any, Any, Any]: ...
+
+    def earlier_runs(self, request: dict[str, Any]) -> Iterator[EarlierRun]:
+        """Succeeded runs of the request's hardware, target, method and drafter, newest first."""
+        ...
+
+
+class EarlierRun(NamedTuple):
+    """A succeeded run whose timing records a new run's fit may pool (``calibration.fit.pool_key`` decides)."""
+
+    run_id: int
+    config: dict[str, Any]
+    environment: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+def _same_run_kind(request: dict[str, Any], run: dict[str, Any]) -> bool:
+    return all(run.get(k) == request.get(k) for k in ("hardware", "target_model", "method", "draft_model"))
 
 
 class DbSink:
@@ -53,6 +72,18 @@ class DbSink:
         target = catalog.model_spec(catalog.require_model(request["target_model"], "target_model"))
         draft = request.get("draft_model")
         return gpu, target, catalog.model_spec(catalog.require_model(draft, "draft_model")) if draft else None
+
+    def earlier_runs(self, request: dict[str, Any]) -> Iterator[EarlierRun]:
+        from advisor.services import calibrations
+        from .fit import POOLED_PROBES
+
+        for run in calibrations.list_runs(request["hardware"], "succeeded")[:POOL_SCAN]:
+            if run.id != self.run_id and _same_run_kind(request, {
+                    "hardware": run.hardware, "target_model": run.target_model, "method": run.method,
+                    "draft_model": run.draft_model}):
+                yield EarlierRun(run.id, run.config or {}, run.environment or {},
+                                 [{"probe": m.probe, "params": m.params, "values": m.values} for m in run.measurements
+                                  if m.probe in POOLED_PROBES])  # the timing records only: not read otherwise
 
 
 class HttpSink:
@@ -83,10 +114,19 @@ class HttpSink:
         draft = request.get("draft_model")
         return gpu, target, ModelSpec.from_dict(self.call("GET", f"/v1/models/{draft}")) if draft else None
 
+    def earlier_runs(self, request: dict[str, Any]) -> Iterator[EarlierRun]:
+        query = urllib.parse.urlencode({"hardware": request["hardware"], "status": "succeeded"})
+        for row in self.call("GET", f"/v1/calibrations?{query}")[:POOL_SCAN]:
+            if row["id"] != self.run_id and _same_run_kind(request, row):
+                run = self.call("GET", f"/v1/calibrations/{row['id']}")
+                yield EarlierRun(run["id"], run.get("config") or {}, run.get("environment") or {},
+                                 run.get("measurements") or [])
+
 
 def execute(request: dict[str, Any], sink: Sink, timeout_s: float | None = None) -> str:
     """Probe (child process), stream into ``sink``, fit, and return the final status."""
     records: list[dict[str, Any]] = []
+    environment: dict[str, Any] = {}
     done: dict[str, Any] | None = None
     last_progress = 0.0
     sink.record({"status": "running", "message": "starting the probe process"})
@@ -104,7 +144,8 @@ def execute(request: dict[str, Any], sink: Sink, timeout_s: float | None = None)
                     continue
                 kind = event.get("event")
                 if kind == "environment":
-                    sink.record({"environment": event["environment"]})
+                    environment = event["environment"]
+                    sink.record({"environment": environment})
                 elif kind == "measurement":
                     records.append(event["record"])
                     sink.record({"measurements": [event["record"]]})
@@ -131,15 +172,57 @@ def execute(request: dict[str, Any], sink: Sink, timeout_s: float | None = None)
         sink.record({"status": "failed", "error": f"{error}\n--- probe log (tail) ---\n{stderr_tail}",
                      "message": f"failed after {len(records)} measurements"})
         return "failed"
+    return finish(request, environment, records, sink)
+
+
+def finish(request: dict[str, Any], environment: dict[str, Any], records: list[dict[str, Any]], sink: Sink) -> str:
+    """A probe run that succeeded: fit its records (timings pooled with earlier runs', :func:`pooled_runs`), store
+    the fits and end the run; a fit that fails ends it ``failed`` with its measurements kept."""
+    from .fit import POOLED_PROBES, pool_runs
+
+    pooled = pooled_runs(request, environment, records, sink)
     try:
-        fits = fit_records(request, records, sink)
+        fits = fit_records(request, pool_runs([records, *(run.records for run in pooled)], POOLED_PROBES), sink)
     except Exception as exc:  # noqa: BLE001  (a fit that fails still leaves the measurements)
         log.exception("fitting failed")
         sink.record({"status": "failed", "error": f"fitting failed: {type(exc).__name__}: {exc}"})
         return "failed"
+    ids = ", ".join(str(run.run_id) for run in pooled)
+    if pooled:
+        fits = [{**f, "params": {**f["params"], "source": f"calibration; timing pooled with runs {ids}"}}
+                if f["kind"] in POOLED_PROBES else f for f in fits]
     sink.record({"fits": fits, "status": "succeeded",
-                 "message": f"{len(records)} measurements, {len(fits)} fits"})
+                 "message": f"{len(records)} measurements, {len(fits)} fits"
+                            + (f"; timing pooled with earlier runs {ids} (same conditions)" if pooled else "")})
     return "succeeded"
+
+
+def pooled_runs(request: dict[str, Any], environment: dict[str, Any], records: list[dict[str, Any]],
+                sink: Sink) -> list[EarlierRun]:
+    """The newest earlier runs (``POOL_RUNS`` at most) whose timings this run's fit pools: succeeded, of the same
+    :func:`calibration.fit.pool_key` (hardware, target, method, drafter, engine dtypes, TP, mode, software and
+    hardware), unless the request says ``pool_earlier_runs: false``. One calibration samples one host-bound state
+    per engine start; pooled runs average them (docs/calibration.md). Where the earlier runs cannot be read, the
+    run fits alone."""
+    from .fit import POOL_RUNS, POOLED_PROBES, pool_key
+
+    def timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rows if r.get("probe") in POOLED_PROBES]
+
+    own = timing(records)
+    if not own or not request.get("pool_earlier_runs", True):  # a run without timing probes keeps its own fits
+        return []
+    key, found = pool_key(request, environment, own), []
+    try:
+        for run in sink.earlier_runs(request):
+            if (earlier := timing(run.records)) and pool_key(run.config, run.environment, earlier) == key:
+                found.append(run._replace(records=earlier))
+                if len(found) == POOL_RUNS:
+                    break
+    except Exception:  # noqa: BLE001  (pooling is an improvement; a run stands on its own records)
+        log.exception("reading earlier calibration runs failed; fitting this run alone")
+        return []
+    return found
 
 
 def fit_records(request: dict[str, Any], records: list[dict[str, Any]], sink: Sink) -> list[dict[str, Any]]:
