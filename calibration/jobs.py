@@ -83,7 +83,7 @@ class DbSink:
                     "draft_model": run.draft_model}):
                 yield EarlierRun(run.id, run.config or {}, run.environment or {},
                                  [{"probe": m.probe, "params": m.params, "values": m.values} for m in run.measurements
-                                  if m.probe in POOLED_PROBES])  # the timing records only: not read otherwise
+                                  if m.probe in POOLED_PROBES])  # only timing records pool
 
 
 class HttpSink:
