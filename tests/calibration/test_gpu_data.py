@@ -689,7 +689,8 @@ def test_run14_the_plan_with_its_long_step_at_b8(specs, tmp_path, capsys):
     B = 32 step at 8k +16 % (run 13's B = 4 step: +20 %)."""
     from advisor.costmodel.steptime import forward_cost, step_time_from_cost
 
-    walls = [json.loads((run / "calibration-run.json").read_text()) for run in (RUN14, RUN.parent / f"{RUN14.name}-second")]
+    walls = [json.loads((run / "calibration-run.json").read_text())
+             for run in (RUN14, RUN.parent / f"{RUN14.name}-second")]
     assert [w["wall_s"] for w in walls] == [187.8, 164.3] and walls[0]["split_s"]["engine start"] == 112.0
     progress = (RUN14 / "calibrate-progress.txt").read_text().splitlines()
     starts = [float(line.split("+")[1].split("s]")[0]) for line in progress if ": started in" in line]
