@@ -133,7 +133,7 @@ def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, dra
         batch_sizes=(1, 8, 64, 256), cycle_batch_sizes=(1, 16, 64, 256), decode_tokens=32,
         context_len=PROMPT_TOKENS, verify_ks=(3, 5), prompt_lengths=(512, 2048, 8192), prefill_batch_sizes=(1, 4),
         max_prefill_tokens=8192, sampled_temperature=0.8, synthetic_acceptance=CALIBRATION_ACCEPTANCE,
-        second_cycle_k=second_cycle_k, long_context_len=8192,
+        second_cycle_k=second_cycle_k, long_context_len=8192, mixed_width_batch_sizes=(2, 8, 64, 256),
         repeats=2, max_repeats=4, max_relative_spread=0.1, max_model_len=8192 + 512,
         drafters=(DrafterSpec(drafter_method(drafter), 3, model=draft, draft_sample_method=None,
                               label=f"{drafter_method(drafter)}-{drafter}-k3"),
@@ -439,12 +439,49 @@ def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path |
         print(f"  {row['kind']:6} B={row['batch']:3} q={row['q']} T={row['temperature']:g} measured "
               f"{1e3 * row['measured_s']:.2f} ms predicted {1e3 * row['predicted_s']:.2f} ms")
     summary = summarise(points)
+    mixed = mixed_steps(records, results)
+    if mixed:
+        summary["mixed_steps"] = mixed
     print(format_table(points))
     print(json.dumps(summary, indent=1))
     if out_json:
         out_json.write_text(json.dumps({"summary": summary, "points": [dataclasses.asdict(p) | {"error": p.error}
                                                                        for p in points]}, indent=1) + "\n")
     return 0
+
+
+def mixed_steps(records: list[dict], results: dict) -> list[dict]:
+    """The plan's mixed-width verify steps (``ProbeConfig.mixed_width_batch_sizes``: half the batch drafts k, half
+    nothing) against what the cost model charges such a batch, a uniform verify of the same mean width
+    (``evaluate_grid``: q = 1 + f·k) priced by the run's own step fit, and against the same engine's uniform steps
+    at q = 1 and q = k + 1 (each measured, at the same B)."""
+    from calibration.fit import StepPoint, predict_points, run_weights_dtype
+
+    gpu, target, _ = catalog_specs(run_drafter(records))
+    params = results[f"step_time:{TARGET}"].params
+    uniform = {(r["params"]["engine"]["label"], r["values"]["batch_size"], r["values"]["q"]): r["values"]["step_s"]
+               for r in records if r["probe"] == "step_time" and r["values"].get("kind", "step") == "step"
+               and not r["values"].get("temperature")}
+    out = []
+    for r in records:
+        v = r["values"]
+        if r["probe"] != "step_time" or v.get("kind") != "mixed":
+            continue
+        label, b, q = r["params"]["engine"]["label"], v["batch_size"], v["q"]
+        per_seq_steps = max(1.0, b * v["steps"] * max(1, len(v.get("step_s_samples") or [1])))
+        width = v["num_draft_tokens"] / per_seq_steps  # mean drafts per sequence per step (half of q - 1)
+        ctx = v["context_len"] + 1.0 + v["steps"] / 2.0
+        point = StepPoint("step", target, None, float(b), 1.0 + width, int(q - 1), ctx, v["step_s"])
+        priced = float(predict_points([point], gpu, params, run_weights_dtype(records))[0])
+        out.append({"batch": b, "k": q - 1, "mean_width": round(width, 3), "measured_ms": round(1e3 * v["step_s"], 3),
+                    "priced_ms": round(1e3 * priced, 3), "error": round(priced / v["step_s"] - 1.0, 4),
+                    "uniform_q1_ms": _ms(uniform.get((label, b, 1))),
+                    "uniform_full_ms": _ms(uniform.get((label, b, q)))})
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1e3 * seconds, 3)
 
 
 def measured_speedups(workdir: Path) -> dict[tuple[str, int], float]:

@@ -229,7 +229,7 @@ def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None
     out = []
     for r in _records(records, "step_time"):
         v = r.values
-        if not v.get("step_s") or v["step_s"] <= 0:
+        if not v.get("step_s") or v["step_s"] <= 0 or v.get("kind") == "mixed":  # mixed widths: not a uniform step
             continue
         path = r.engine.get("model")
         if path in models:

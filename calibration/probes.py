@@ -118,7 +118,7 @@ class StepTiming:
     step_s_samples: list[float] = field(default_factory=list)
     accepted_tokens: int = 0  # summed over the timed repeats; ~0 for verify probes (drafts rejected)
     temperature: float = 0.0
-    kind: str = "step"  # "step" | "cycle"
+    kind: str = "step"  # "step" | "cycle" | "mixed" (half the batch at q, half at 1: ProbeConfig.mixed_width_...)
     relative_spread: float | None = None  # (max - min) / median over the repeats
     num_drafts: int = 0  # spec-decode counters over the timed repeats
     num_draft_tokens: int = 0
@@ -309,6 +309,11 @@ class ProbeConfig:
     # k = 5 engine 0.7-11 ms slower than q = 6 at B = 1, by lease; in its own k = 3 engine 6.4-7.1 ms). Off by
     # default: on run 9 it did not move the closed loop, and a fifth engine costs the H200 a second start (+90 s)
     verify_engine_per_k: bool = False
+    # Verify steps of mixed batches at these B (the widest verify engine): half the sequences draft k, half nothing,
+    # as when n-gram finds a match for some sequences only. vLLM replays a full CUDA graph only for uniform batches,
+    # so such a step may cost more than a uniform one of the same mean width. Recorded as kind "mixed" and left out
+    # of the step fit (benchmarks/gpu_closed_loop.py compares them with it). Empty: not probed
+    mixed_width_batch_sizes: tuple[int, ...] = ()
     prompt_lengths: tuple[int, ...] = (64, 256, 1024)
     prefill_batch_sizes: tuple[int, ...] = (1, 4)
     max_prefill_tokens: int = 8192  # prefill probes skip B·P above this
@@ -693,20 +698,20 @@ def stop_engine(llm) -> None:
     gc.collect()
 
 
-def _random_prompts(n: int, length: int, rng: random.Random, vocab: int = 20000, first: int | None = None,
-                    repetitive: bool = False) -> list[dict]:
+def _random_prompts(n: int, length: int, rng: random.Random, vocab: int = 20000,
+                    first: int | tuple[int, ...] | None = None, repetitive: bool = False) -> list[dict]:
     """Distinct random token prompts (no prefix-cache hits between calls). ``first`` replaces the first token (a
-    draft-width marker, ``calibration.proposers``); ``repetitive`` repeats a random 16-token phrase, so that copy
-    drafters (n-gram) find matches to propose from."""
+    draft-width marker, ``calibration.proposers``; a tuple: the prompts take its markers in turn); ``repetitive``
+    repeats a random 16-token phrase, so that copy drafters (n-gram) find matches to propose from."""
     out = []
-    for _ in range(n):
+    for i in range(n):
         if repetitive:
             phrase = [rng.randrange(100, vocab) for _ in range(16)]
             ids = (phrase * (length // 16 + 1))[:length]
         else:
             ids = [rng.randrange(100, vocab) for _ in range(length)]
         if first is not None:
-            ids[0] = first
+            ids[0] = first[i % len(first)] if isinstance(first, tuple) else first
         out.append({"prompt_token_ids": ids})
     return out
 
@@ -988,6 +993,8 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
             if cfg.sampled_temperature and ek == kmax:
                 tasks += [("step", b, w, cfg.sampled_temperature) for w in (0, kmax)
                           for b in _subset(cfg.batch_sizes)]
+            if ek == kmax:
+                tasks += [("mixed_step", b, kmax) for b in cfg.mixed_width_batch_sizes if b > 1]
             plan.append(EnginePlan(f"verify-k{ek}", model,
                                    {"method": "custom_class", "model": QUALNAME, "num_speculative_tokens": ek}, tasks))
     if timing and cfg.truncated_layers:
@@ -1057,6 +1064,14 @@ def run_task(llm, item: EnginePlan, task: tuple, cfg: ProbeConfig, engine: dict,
         m = measure_step_time(llm, item.label, b, w + 1, cfg, engine, env, rng, temperature=t, width_marker=marker)
         emit(m)
         tick(f"{item.label}: B={b} q={w + 1} T={t:g} step {m.step_s * 1e3:.2f} ms")
+    elif task[0] == "mixed_step":  # half the batch drafts w (always rejected), half nothing
+        from .proposers import width_marker
+
+        _, b, w = task
+        m = measure_step_time(llm, item.label, b, w + 1, cfg, engine, env, rng, kind="mixed",
+                              width_marker=(width_marker(w), width_marker(0)))
+        emit(m)
+        tick(f"{item.label}: B={b} half q={w + 1}, half q=1: step {m.step_s * 1e3:.2f} ms")
     elif task[0] == "long_step":
         _, b, context = task
         m = measure_step_time(llm, item.label, b, 1, dataclasses.replace(cfg, context_len=context), engine, env, rng)

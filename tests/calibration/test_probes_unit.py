@@ -184,6 +184,10 @@ def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
     # one decode step at a long context (run 12): it tells the bandwidth efficiency from the per-step overhead, the
     # more the more KV it reads (run 13: B = 4 too little); B = 8 at 8k fills the short probes' cache, no more
     assert ("long_step", 8, 8192) in plan["target"].tasks and cfg.max_model_len >= 8192 + 33
+    # verify steps of mixed batches (half drafting k, half nothing: a copy drafter's real text) in the widest engine
+    assert [t for t in verify.tasks if t[0] == "mixed_step"] == [("mixed_step", b, 5) for b in (2, 8, 64, 256)]
+    assert not any(t[0] == "mixed_step" for e in plan_engines(probes.ProbeConfig().resolved(on_gpu=True))
+                   for t in e.tasks)
     assert not any(t[0] == "long_step" for t in plan_engines(probes.ProbeConfig().resolved(on_gpu=True))[0].tasks)
 
 
@@ -466,3 +470,44 @@ def test_the_probe_runner_dies_with_the_job_that_started_it(tmp_path):
         time.sleep(0.1)
     os.kill(runner, 9)
     raise AssertionError("the runner outlived its job")
+
+
+def test_a_mixed_step_drafts_for_half_the_batch_and_stays_out_of_the_fit(monkeypatch):
+    """A mixed-width probe gives every other prompt the marker of k drafts and the rest the marker of none
+    (``calibration.proposers``); its record is kind "mixed", which the step fit (uniform steps) leaves out."""
+    import random
+    from types import SimpleNamespace
+
+    from calibration.fit import step_points
+    from calibration.proposers import RejectedDraftProposer, width_marker
+    from calibration.runner import to_record
+
+    seen = []
+
+    class StatsLLM:
+        def generate(self, prompts, params, use_tqdm=False):
+            seen.append([p["prompt_token_ids"][0] for p in prompts])
+            n = params.max_tokens
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)))],
+                                    metrics=SimpleNamespace(first_token_ts=1.0, last_token_ts=1.0 + 0.01 * (n - 1)))
+                    for _ in prompts]
+
+    monkeypatch.setattr(probes, "read_spec_counters", lambda llm: SpecCounters())
+    cfg = probes.ProbeConfig(repeats=1, max_repeats=1, guard_contention=False, mixed_width_batch_sizes=(4,),
+                             verify_ks=(3,)).resolved(on_gpu=True)
+    item = next(e for e in probes.plan_engines(cfg) if e.label == "verify-k3")
+    task = next(t for t in item.tasks if t[0] == "mixed_step")
+    out = []
+    probes.run_task(StatsLLM(), item, task, cfg, {"model": "/m", "speculative_config": item.speculative_config}, {},
+                    {}, out.append, lambda msg: None, random.Random(0))
+    assert seen[-1] == [width_marker(3), width_marker(0)] * 2
+    proposer = RejectedDraftProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3)))
+    assert [proposer.width([m], 10) for m in seen[-1]] == [3, 0, 3, 0]
+    (m,) = out
+    assert (m.kind, m.q, m.batch_size) == ("mixed", 4, 4)
+    record = to_record(m)
+    assert record["values"]["kind"] == "mixed"
+    from advisor.costmodel.types import ModelSpec
+    from benchmarks.gpu_closed_loop import catalog_row
+
+    assert step_points([record], ModelSpec.from_dict(catalog_row("llama-3.1-8b-instruct"))) == []
