@@ -1,7 +1,7 @@
 """What a calibration run found, in words and in plots, from its stored measurement records.
 
 Records are ``{"probe", "params": {"engine": {label, speculative_config, ...}}, "values": {...}}`` as
-``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"), ``batch_size``,
+``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"/"mixed"), ``batch_size``,
 ``q``,
 ``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values ``prompt_len``,
 ``batch_size``, ``prefill_s``; memory values ``kv_cache_tokens``. A later record of the same cell replaces an
@@ -67,7 +67,9 @@ def _step_cells(recs: list[Record]) -> dict[tuple[str, str, int, float, int], fl
 
 
 def _series_name(role: str, kind: str, q: int, temperature: float) -> str:
-    if role == "decode":
+    if kind == "mixed":
+        name = f"half verify k={q - 1}, half no drafts"
+    elif role == "decode":
         name = "decode (q=1)"
     elif role == "verify":
         name = "spec step, no drafts (q=1)" if q == 1 else f"verify k={q - 1} (q={q})"
@@ -136,7 +138,7 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
     out: list[str] = []
     # verify steps at each k, at the largest batch <= 8 that has both a decode and the verify step
     for (role, kind, q, t, b), s in sorted(cells.items()):
-        if role == "verify" and q > 1 and t == 0.0 and b == _pick_batch(cells, role, q, decode):
+        if role == "verify" and kind == "step" and q > 1 and t == 0.0 and b == _pick_batch(cells, role, q, decode):
             out.append(f"A verify step at k={q - 1} (q={q}) costs {s / decode[b]:.2f}× a decode step at B={b} "
                        f"({_ms(s)} vs {_ms(decode[b])}).")
     for (role, kind, q, t, b), s in sorted(cells.items()):
@@ -145,6 +147,13 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
                        f"plain decode step at B=1 ({_ms(s)} vs {_ms(decode[b])}): the speculative path's own "
                        "per-step cost (rejection sampler, spec metadata, and host time no longer hidden where the "
                        "engine turns async scheduling off, as vLLM 0.24 does).")
+    for (role, kind, q, t, b), s in sorted(cells.items()):
+        full = cells.get((role, "step", q, t, b))
+        if kind == "mixed" and full and b == _pick_batch(cells, role, q, decode, kind):
+            out.append(f"A batch in which half the sequences draft k={q - 1} and half nothing costs {s / full:.2f}× "
+                       f"a uniform verify step at B={b} ({_ms(s)} vs {_ms(full)}). With CUDA graphs vLLM replays "
+                       "a full graph only for a uniform batch, so a copy drafter (n-gram) that finds a match for "
+                       "some sequences only gains less at small batches than a uniform step prices.")
     for (role, kind, q, t, b), s in sorted(cells.items()):
         if kind == "cycle" and t == 0.0 and b == 1 and b in decode:
             what = "draft-model" if role == "draft_model" else role.replace("_", " ")
@@ -188,8 +197,8 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _pick_batch(cells: dict, role: str, q: int, decode: dict[int, float]) -> int | None:
-    batches = [b for (r, _, qq, t, b) in cells if r == role and qq == q and t == 0.0 and b in decode]
+def _pick_batch(cells: dict, role: str, q: int, decode: dict[int, float], kind: str = "step") -> int | None:
+    batches = [b for (r, kd, qq, t, b) in cells if r == role and kd == kind and qq == q and t == 0.0 and b in decode]
     small = [b for b in batches if b <= 8]
     return max(small) if small else (min(batches) if batches else None)
 

@@ -154,16 +154,17 @@ def test_profile_gives_measured_answers(specs):
 
 BF16_LEASES = ("h200-vllm0.24", "h200-vllm0.24-run2", "h200-vllm0.24-run3", "h200-vllm0.24-run4",
                "h200-vllm0.24-run5", "h200-vllm0.24-run7", "h200-vllm0.24-run8", "h200-vllm0.24-run9",
-               "h200-vllm0.24-run10", "h200-vllm0.24-run13", "h200-vllm0.24-run14")  # one measurement per lease
+               "h200-vllm0.24-run10", "h200-vllm0.24-run13", "h200-vllm0.24-run14",
+               "h200-vllm0.24-run15")  # one measurement per lease
 # (run 6 measured none)
 
 
 def test_profile_predicts_every_lease():
-    """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the eleven bf16 leases'
-    closed loops within a mean 12.9 % (median 11.6 %), every sign right but at break-even, where run 1's fit alone (the
+    """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the twelve bf16 leases'
+    closed loops within a mean 12.6 % (median 11.0 %), every sign right but at break-even, where run 1's fit alone (the
     profile before run 13) gave 18.6 % (15.7 %) over the first ten and 19.9 % on the nine it was not fitted on. With the
-    lease it predicts left out of the pool: run 10 12.0 %, run 13 9.1 %; run 14, measured after the profile shipped,
-    8.8 % (12.9 % over the eleven, all out of sample)."""
+    lease it predicts left out of the pool: run 10 12.0 %, run 13 9.1 %; runs 14 and 15, measured after the profile
+    shipped, 8.8 % and 8.5 %."""
     profile = gcl.shipped_profile()
     medians = {}
     for name in BF16_LEASES:
@@ -171,7 +172,8 @@ def test_profile_predicts_every_lease():
         summary = gcl.summarise(points)
         medians[name] = summary["median_abs_error"]
         assert summary["sign_right"] >= 34 and summary["interval_coverage"] >= 0.86
-    assert statistics.fmean(medians.values()) == pytest.approx(0.129, abs=0.002)
+    assert statistics.fmean(medians.values()) == pytest.approx(0.126, abs=0.002)
+    assert medians["h200-vllm0.24-run15"] == pytest.approx(0.085, abs=0.001)
     assert max(medians.values()) < 0.22
     pool = [gcl.REPO_ROOT / p for p in gcl.PROFILE_POOL]
     extra = gcl.load_jsonl(gcl.REPO_ROOT / gcl.PROFILE_LONG_CONTEXT)
@@ -714,15 +716,53 @@ def test_run14_the_plan_with_its_long_step_at_b8(specs, tmp_path, capsys):
     assert min(s["interval_coverage"] for s in summaries.values()) >= 0.97
 
 
+RUN15 = RUN.parent / "h200-vllm0.24-run15"
+
+
+def test_run15_mixed_width_batches_and_a_fourth_lease_of_the_plan(specs, tmp_path, capsys):
+    """Run 15 (one fresh lease): the plan as it ships plus verify steps of mixed batches (half the sequences draft
+    k = 5, half nothing; ``ProbeConfig.mixed_width_batch_sizes``), 186 s on the fresh node (engine starts 105 s), 179 s
+    again. At B = 8 such a batch cost 9.71 ms in the first calibration, 1.38x either uniform step (q = 6 7.03 ms,
+    q = 1 7.09 ms) and 25 % above the fit's price of a uniform step of the same mean width, which is what the cost
+    model charges n-gram at a drafted fraction of one half; in the second, 8.48 ms (1.07x, priced 4 % high). At
+    B = 64 both are priced within 1 %. So on vLLM 0.24 a batch only part of which drafts runs on piecewise graphs,
+    costing 0-3.5 ms more at B <= 8 by engine start, as the narrower verify widths of a k = 5 engine do. The
+    closed loop: own calibration 13.4 % (36 / 36 signs), the second 12.7 % (33 / 36), pooled with the first as the
+    product pools 11.0 %; the shipped profile, fitted before this lease, 8.5 %, every sign and interval right."""
+    walls = [json.loads((run / "calibration-run.json").read_text())
+             for run in (RUN15, RUN.parent / f"{RUN15.name}-second")]
+    assert [w["wall_s"] for w in walls] == [185.6, 178.7] and walls[0]["split_s"]["engine start"] == 105.3
+    summaries = {name: got["summary"] for name, _, got in rederived_closed_loops(RUN15, tmp_path)}
+    capsys.readouterr()
+    own, profile = summaries["closed-loop-result"], summaries["closed-loop-result-profile"]
+    assert own["median_abs_error"] == pytest.approx(0.134, abs=1e-3) and own["sign_right"] == 36
+    assert summaries["closed-loop-result-second-calibration"]["median_abs_error"] == pytest.approx(0.127, abs=1e-3)
+    assert profile["median_abs_error"] == pytest.approx(0.085, abs=1e-3) and profile["sign_right"] == 36
+    mixed = {b["batch"]: b for b in own["mixed_steps"]}
+    assert sorted(mixed) == [2, 8, 64, 256] and {b["mean_width"] for b in mixed.values()} == {2.5}
+    assert mixed[8]["measured_ms"] / mixed[8]["uniform_full_ms"] == pytest.approx(1.38, abs=0.01)
+    assert mixed[8]["error"] == pytest.approx(-0.204, abs=0.001) and abs(mixed[64]["error"]) < 0.01
+    second = {b["batch"]: b for b in summaries["closed-loop-result-second-calibration"]["mixed_steps"]}
+    assert second[8]["measured_ms"] / second[8]["uniform_full_ms"] == pytest.approx(1.07, abs=0.01)
+    assert 0 < second[8]["error"] < 0.05 and abs(second[64]["error"]) < 0.01
+    out = tmp_path / "with-first.json"
+    gcl.analyze(RUN15, out, RUN.parent / f"{RUN15.name}-second", (), False, (RUN15,))
+    capsys.readouterr()
+    assert json.loads(out.read_text())["summary"]["median_abs_error"] == pytest.approx(0.110, abs=1e-3)
+
+
 def test_a_later_calibration_pools_the_earlier_ones_of_its_lease(tmp_path, capsys):
     """What a product run's fit does with the earlier runs of its conditions (``calibration.jobs.pooled_runs``:
     their timing records join its own, ``calibration.fit.pool_runs``), on the leases calibrated more than once. Each
     later calibration alone predicts its lease's closed loop within a median 9.8-15.1 % (mean 12.4 %), pooled with the
-    earlier ones 7.6-12.2 % (10.6 %); against the two measurements pooled, 9.4-22.6 % (13.3 %) alone and 7.3-12.7 %
-    (9.6 %) pooled. The worst case, run 14's second calibration, whose draft model ran fast, halves (22.6 -> 12.7 %)."""
+    earlier ones 7.6-12.2 % (10.6 %); against the two measurements pooled, 8.7-22.6 % (12.4 %) alone and 7.3-12.7 %
+    (10.1 %) pooled. The worst case, run 14's second calibration, whose draft model ran fast, halves (22.6 -> 12.7 %).
+    Run 15's second calibration alone misses three signs at break-even (n-gram at 0.5, B = 1-16: "calibrate"), pooled
+    one."""
     leases = {"run10": ("h200-vllm0.24-run10", "h200-vllm0.24-run10-second", "h200-vllm0.24-run10-third"),
               "run13": ("h200-vllm0.24-run13", "h200-vllm0.24-run13-second"),
-              "run14": ("h200-vllm0.24-run14", "h200-vllm0.24-run14-second")}
+              "run14": ("h200-vllm0.24-run14", "h200-vllm0.24-run14-second"),
+              "run15": ("h200-vllm0.24-run15", "h200-vllm0.24-run15-second")}
     got = {}
     for lease, calibrations in leases.items():
         measured = RUN.parent / calibrations[0]
@@ -733,10 +773,10 @@ def test_a_later_calibration_pools_the_earlier_ones_of_its_lease(tmp_path, capsy
                     out = tmp_path / "loop.json"
                     gcl.analyze(measured, out, RUN.parent / name, remeasured, False, earlier if pooled else ())
                     summary = json.loads(out.read_text())["summary"]
-                    assert summary["sign_right"] >= 35 and summary["interval_coverage"] >= 0.97
+                    assert summary["sign_right"] >= (35 if pooled else 33) and summary["interval_coverage"] >= 0.97
                     got[name, pooled, bool(remeasured)] = summary["median_abs_error"]
     capsys.readouterr()
-    for remeasured, alone, pooled in ((False, 0.124, 0.106), (True, 0.133, 0.096)):
+    for remeasured, alone, pooled in ((False, 0.124, 0.106), (True, 0.124, 0.101)):
         assert statistics.fmean(v for (_, p, r), v in got.items() if not p and r == remeasured) == pytest.approx(
             alone, abs=0.001)
         assert statistics.fmean(v for (_, p, r), v in got.items() if p and r == remeasured) == pytest.approx(
@@ -895,8 +935,8 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     18.8 % vs 20.9 % (the ten before run 8: 19.5 % vs 21.3 %) -- and on the shipped profile's calibration further
     below (25.4 % vs 22.3 %: the T = 0.8 point repeated at 34.6-71.2 ms), so a two-piece σ would not narrow the
     profile's fast side. Run 9's four calibrations lean slow (15.8 % vs 27.4 %; all sixteen: 18.1 % vs 22.6 %), and
-    so do run 13's two (8.0 % vs 12.5 %); run 14's two lean fast (14.4 % vs 12.9 %); all twenty-three: 16.7 % vs
-    20.6 %."""
+    so do run 13's two (8.0 % vs 12.5 %); run 14's two lean fast (14.4 % vs 12.9 %), and run 15's (17.5 % vs 16.7 %);
+    all twenty-five: 16.8 % vs 20.3 %."""
     from calibration import fit
 
     _, target, draft = specs
@@ -907,7 +947,7 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
             continue  # the EAGLE runs: a head's cycles; a failed one; the fp8 target's runs
         path, models = gcl.fit_models(records, draft)
         cycles[run.name] = [p for p in fit.step_points(records, target, path, models) if p.drafter_forwards]
-    assert len(cycles) == 23
+    assert len(cycles) == 25
     below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items()
                                              if "run9" not in n and "run10" not in n and "run13" not in n for p in c])
     assert below == pytest.approx(above, rel=0.12) and 0.15 < above < 0.25
@@ -924,5 +964,7 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     assert below < 0.7 * above
     below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run14" in n for p in c])
     assert above < below < 1.2 * above
-    below, above = fit.repeat_semi_log_stds([p for c in cycles.values() for p in c])  # all twenty-three
-    assert below == pytest.approx(0.167, abs=0.002) and above == pytest.approx(0.206, abs=0.002)
+    below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run15" in n for p in c])
+    assert above < below < 1.1 * above
+    below, above = fit.repeat_semi_log_stds([p for c in cycles.values() for p in c])  # all twenty-five
+    assert below == pytest.approx(0.168, abs=0.002) and above == pytest.approx(0.203, abs=0.002)

@@ -99,3 +99,21 @@ def test_fitted_step_time_only_on_target_steps():
     assert series["verify k=3 (q=4)"].fitted == [20.0] * 4  # ms
     assert series["ngram cycle (k=3)"].fitted == [None] * 4  # a drafter cycle is not one target step
     assert (256, 6, 0.8) in calls
+
+
+def test_mixed_width_batches_are_their_own_sentence_and_series():
+    """Run 15 (H200) timed verify steps of batches in which half the sequences draft k = 5 and half nothing: the
+    page says what such a batch costs against a uniform verify, as its own series, not as points of "verify k=5"."""
+    path = Path(__file__).parents[2] / "benchmarks" / "data" / "h200-vllm0.24-run15" / "calibration.jsonl"
+    measurements = [json.loads(line) for line in path.read_text().splitlines()]
+    sentences = findings(measurements)
+    assert sentences[:2] == [
+        "A verify step at k=3 (q=4) costs 1.41× a decode step at B=8 (9.55 ms vs 6.79 ms).",
+        "A verify step at k=5 (q=6) costs 1.04× a decode step at B=8 (7.03 ms vs 6.79 ms).",
+    ]
+    assert ("A batch in which half the sequences draft k=5 and half nothing costs 1.38× a uniform verify step at "
+            "B=8 (9.71 ms vs 7.03 ms).") in " ".join(sentences)
+    series = {s.label: s for s in step_series(measurements)}
+    assert series["half verify k=5, half no drafts"].x == [2, 8, 64, 256]
+    assert series["verify k=5 (q=6)"].x == [1, 8, 64, 256]
+    assert series["half verify k=5, half no drafts"].fitted == [None] * 4
