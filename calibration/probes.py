@@ -311,9 +311,10 @@ class ProbeConfig:
     verify_engine_per_k: bool = False
     # Verify steps of mixed batches at these B (the widest verify engine): half the sequences draft k, half nothing,
     # as when n-gram finds a match for some sequences only. vLLM replays a full CUDA graph only for uniform batches,
-    # so such a step may cost more than a uniform one of the same mean width. Recorded as kind "mixed" and left out
-    # of the step fit (benchmarks/gpu_closed_loop.py compares them with it). Empty: not probed
-    mixed_width_batch_sizes: tuple[int, ...] = ()
+    # so such a step may cost more than a uniform one of the same mean width (H200 run 15: 1.07-1.38x at B = 8, by
+    # engine start). Recorded as kind "mixed", left out of the step fit, stated on the run's page. None: B = 2 and 8
+    # (up to the largest batch probed) where the engine runs CUDA graphs (GPUs), none in eager mode (the CPU build)
+    mixed_width_batch_sizes: tuple[int, ...] | None = None
     prompt_lengths: tuple[int, ...] = (64, 256, 1024)
     prefill_batch_sizes: tuple[int, ...] = (1, 4)
     max_prefill_tokens: int = 8192  # prefill probes skip B·P above this
@@ -382,6 +383,9 @@ class ProbeConfig:
             large_batch_decode_tokens=self.large_batch_decode_tokens or (16 if on_gpu else None),
             cycle_batch_sizes=self.cycle_batch_sizes or self.batch_sizes,
             cycle_decode_tokens=self.cycle_decode_tokens or (128 if on_gpu else None),
+            mixed_width_batch_sizes=self.mixed_width_batch_sizes if self.mixed_width_batch_sizes is not None
+            else (() if (not on_gpu if self.enforce_eager is None else self.enforce_eager)
+                  else tuple(b for b in (2, 8) if b <= max(self.batch_sizes))),
         )
 
     def engine_settings(self, model: str) -> dict:
@@ -939,7 +943,7 @@ class EnginePlan:
     """One engine of the probe plan and what it measures. Tasks: ``("step", B, width, T)`` (q = width + 1; a
     width > 0 in a ``verify`` engine drafts that many always-rejected tokens), ``("cycle", B, T)`` (whole cycles
     of the engine's drafter), ``("long_step", B, context)`` (a decode step at a long context), ``("prefill", P, B)``,
-    ``("accept", structure, T)``."""
+    ``("accept", structure, T)``, ``("mixed_step", B, width)`` (half the batch drafts ``width``, half nothing)."""
 
     label: str
     model: str
@@ -994,7 +998,7 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
                 tasks += [("step", b, w, cfg.sampled_temperature) for w in (0, kmax)
                           for b in _subset(cfg.batch_sizes)]
             if ek == kmax:
-                tasks += [("mixed_step", b, kmax) for b in cfg.mixed_width_batch_sizes if b > 1]
+                tasks += [("mixed_step", b, kmax) for b in cfg.mixed_width_batch_sizes or () if b > 1]
             plan.append(EnginePlan(f"verify-k{ek}", model,
                                    {"method": "custom_class", "model": QUALNAME, "num_speculative_tokens": ek}, tasks))
     if timing and cfg.truncated_layers:

@@ -56,7 +56,7 @@ def probe_config(request: dict[str, Any]) -> ProbeConfig:
     if "prefill" in probes:
         probes = (probes - {"prefill"}) | {"timing"}
     overrides = {k: v for k, v in (request.get("engine") or {}).items() if k in PROBE_CONFIG_FIELDS}
-    for key in ("batch_sizes", "verify_ks", "prompt_lengths", "structures", "temperatures"):
+    for key in ("batch_sizes", "verify_ks", "prompt_lengths", "structures", "temperatures", "mixed_width_batch_sizes"):
         if key in overrides:
             overrides[key] = tuple(overrides[key])
     config = ProbeConfig(

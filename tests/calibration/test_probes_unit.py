@@ -186,8 +186,13 @@ def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
     assert ("long_step", 8, 8192) in plan["target"].tasks and cfg.max_model_len >= 8192 + 33
     # verify steps of mixed batches (half drafting k, half nothing: a copy drafter's real text) in the widest engine
     assert [t for t in verify.tasks if t[0] == "mixed_step"] == [("mixed_step", b, 5) for b in (2, 8, 64, 256)]
-    assert not any(t[0] == "mixed_step" for e in plan_engines(probes.ProbeConfig().resolved(on_gpu=True))
-                   for t in e.tasks)
+    def mixed(cfg):
+        return [t for e in plan_engines(cfg.resolved(on_gpu=True)) for t in e.tasks if t[0] == "mixed_step"]
+
+    assert mixed(probes.ProbeConfig()) == [("mixed_step", 2, 4), ("mixed_step", 8, 4)]  # as advisor calibrate runs
+    assert mixed(probes.ProbeConfig(batch_sizes=(1, 4))) == [("mixed_step", 2, 4)]  # within max_num_seqs
+    assert mixed(probes.ProbeConfig(enforce_eager=True)) == []  # no CUDA graphs: a mixed batch is no other path
+    assert probes.ProbeConfig().resolved(on_gpu=False).mixed_width_batch_sizes == ()
     assert not any(t[0] == "long_step" for t in plan_engines(probes.ProbeConfig().resolved(on_gpu=True))[0].tasks)
 
 
