@@ -132,3 +132,39 @@ def test_host_guard_waits_for_the_host_and_redoes_a_run_it_drifted_during(monkey
     drifts = iter([0.5, 0.4])
     result, _, drift = serving.host_guarded_run(run_once, lambda when: next(drifts), "t", 1, 0.10, 1.0)
     assert result == {"run": 3} and drift == {"before": 0.5, "after": 0.4}
+
+
+def _three_rates(result, saturated: float = 2.0) -> tuple[int, set]:
+    """Within 15 % at the three rates from light to saturated (0.3x, 0.7x, 2x the capacity), and the misses."""
+    from benchmarks import serving
+
+    rows = [r for r in result.rows if round(r.load, 1) in (0.3, 0.7, saturated)]
+    within = sum(abs(e) <= serving.TARGET_ERROR for r in rows for e in r.errors.values())
+    misses = {(r.mode, round(r.load, 1), k) for r in rows for k, e in r.errors.items() if abs(e) > serving.TARGET_ERROR}
+    return within, misses
+
+
+def test_run_h_light_middle_and_saturated_all_within_15_percent():
+    """Run H (2026-12-03, this AMX host, nothing else running): 0.3x, 0.7x and 2x the capacity -- a queue that grows
+    through the run, TTFTs of 5-12 s -- every percentile within 15 % in both modes (24 / 24; worst n-gram's light TTFT
+    p50 +11.5 %). At the knee (1.0x, a fourth rate) the baseline's TTFTs miss (+35 %, +18 %) and n-gram's come within
+    5 %: 30 / 32 over the four rates."""
+    result, rows, within = reanalyse("serving-run-h", "--acceptance-records", ACCEPTANCE_30)
+    assert result.cells == 32 and sum(within.values()) == 30
+    assert _three_rates(result) == (24, set())
+    assert max(abs(e) for r in result.rows if round(r.load, 1) != 1.0 for e in r.errors.values()) < 0.12
+    knee = rows[("baseline", 1.0)]
+    assert {k for k, e in knee.errors.items() if abs(e) > 0.15} == {"ttft_p50", "ttft_p90"}
+    assert rows[("baseline", 2.0)].measured_ms["ttft_p50"] > 5000  # saturated: the queue grows through the run
+    assert all(abs(d) < 0.09 for r in result.rows for d in r.host_drift.values())
+
+
+def test_run_g_an_hour_earlier_misses_on_the_ngram_ttfts():
+    """Run G, the same benchmark an hour before Run H on the same host: the baseline's three rates within 15 %
+    (12 / 12, the 2x rate within 3 %), n-gram's TPOTs too, but its TTFTs simulated 13-30 % long at every rate: 19 / 24.
+    The n-gram server ran its requests faster than its calibration said (TPOT p50 at 0.3x 29.9 ms, Run H's 31.0)."""
+    result, rows, _ = reanalyse("serving-run-g", "--acceptance-records", ACCEPTANCE_30)
+    within, misses = _three_rates(result)
+    assert within == 19 and {m for m, _, _ in misses} == {"ngram"}
+    assert all(k.startswith("ttft") for _, _, k in misses)
+    assert all(abs(e) < 0.03 for e in rows[("baseline", 2.0)].errors.values())
