@@ -133,7 +133,7 @@ def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, dra
         batch_sizes=(1, 8, 64, 256), cycle_batch_sizes=(1, 16, 64, 256), decode_tokens=32,
         context_len=PROMPT_TOKENS, verify_ks=(3, 5), prompt_lengths=(512, 2048, 8192), prefill_batch_sizes=(1, 4),
         max_prefill_tokens=8192, sampled_temperature=0.8, synthetic_acceptance=CALIBRATION_ACCEPTANCE,
-        second_cycle_k=second_cycle_k, long_context_len=8192, mixed_width_batch_sizes=(2, 8, 64, 256),
+        second_cycle_k=second_cycle_k, long_context_len=8192,
         repeats=2, max_repeats=4, max_relative_spread=0.1, max_model_len=8192 + 512,
         drafters=(DrafterSpec(drafter_method(drafter), 3, model=draft, draft_sample_method=None,
                               label=f"{drafter_method(drafter)}-{drafter}-k3"),

@@ -184,8 +184,9 @@ def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
     # one decode step at a long context (run 12): it tells the bandwidth efficiency from the per-step overhead, the
     # more the more KV it reads (run 13: B = 4 too little); B = 8 at 8k fills the short probes' cache, no more
     assert ("long_step", 8, 8192) in plan["target"].tasks and cfg.max_model_len >= 8192 + 33
-    # verify steps of mixed batches (half drafting k, half nothing: a copy drafter's real text) in the widest engine
-    assert [t for t in verify.tasks if t[0] == "mixed_step"] == [("mixed_step", b, 5) for b in (2, 8, 64, 256)]
+    # verify steps of mixed batches (half drafting k, half nothing: a copy drafter's real text) in the widest engine,
+    # at the product's default batches (run 15 also timed B = 64 and 256: priced within 1-6 %, 6.5 s of its plan)
+    assert [t for t in verify.tasks if t[0] == "mixed_step"] == [("mixed_step", b, 5) for b in (2, 8)]
     def mixed(cfg):
         return [t for e in plan_engines(cfg.resolved(on_gpu=True)) for t in e.tasks if t[0] == "mixed_step"]
 
