@@ -180,9 +180,9 @@ def finish(request: dict[str, Any], environment: dict[str, Any], records: list[d
     the fits and end the run; a fit that fails ends it ``failed`` with its measurements kept."""
     from .fit import POOLED_PROBES, pool_runs
 
-    pooled = pooled_runs(request, environment, records, sink)
+    pooled = pooled_runs(request, environment, records, sink)  # their timing records only
     try:
-        fits = fit_records(request, pool_runs([records, *(run.records for run in pooled)], POOLED_PROBES), sink)
+        fits = fit_records(request, pool_runs([records, *(run.records for run in pooled)]), sink)
     except Exception as exc:  # noqa: BLE001  (a fit that fails still leaves the measurements)
         log.exception("fitting failed")
         sink.record({"status": "failed", "error": f"fitting failed: {type(exc).__name__}: {exc}"})

@@ -77,7 +77,7 @@ def _stored_run(run: Path, environment: dict | None = None, **request_changes) -
     return stored.id
 
 
-def _earlier_runs(app) -> dict[str, int]:
+def _earlier_runs() -> dict[str, int]:
     """Four earlier runs, oldest first: one of another vLLM version, run 14's first calibration, an n-gram run, run
     14's first again (the newest)."""
     ids = {}
@@ -93,7 +93,7 @@ def test_a_run_pools_the_newest_earlier_runs_of_its_conditions_through_the_datab
     from advisor.services import calibrations
 
     with app.app_context():
-        ids = _earlier_runs(app)
+        ids = _earlier_runs()
         request = CalibrationRequestSchema().load(REQUEST)
         new = calibrations.create(request, external=True)
         sink = jobs.DbSink(new.id)
@@ -126,7 +126,7 @@ def test_a_run_pools_the_newest_earlier_runs_of_its_conditions_through_the_datab
 def test_a_remote_node_pools_through_the_api(app, client, auth, monkeypatch):
     """``advisor calibrate --server``: the node reads the earlier runs with GET /v1/calibrations (the same choice)."""
     with app.app_context():
-        ids = _earlier_runs(app)
+        ids = _earlier_runs()
     uploader = jobs.HttpSink("http://service", auth["Authorization"].split()[1], run_id=0)
 
     def call(method, path, body=None):
