@@ -367,9 +367,10 @@ class ProbeConfig:
         longest = max([self.context_len, *self.prompt_lengths, self.long_context_len if long_step else 0]) \
             if "timing" in self.probes else self.context_len
         need_len = longest + max(self.decode_tokens, self.max_tokens) * (1 + max(self.verify_ks or (1,))) + 64
+        eager = (not on_gpu) if self.enforce_eager is None else self.enforce_eager
         return dataclasses.replace(
             self,
-            enforce_eager=(not on_gpu) if self.enforce_eager is None else self.enforce_eager,
+            enforce_eager=eager,
             max_num_seqs=self.max_num_seqs or max(largest, 1),
             max_model_len=self.max_model_len or int(2 ** np.ceil(np.log2(need_len))),
             guard_contention=True if self.guard_contention is None else self.guard_contention,
@@ -384,8 +385,7 @@ class ProbeConfig:
             cycle_batch_sizes=self.cycle_batch_sizes or self.batch_sizes,
             cycle_decode_tokens=self.cycle_decode_tokens or (128 if on_gpu else None),
             mixed_width_batch_sizes=self.mixed_width_batch_sizes if self.mixed_width_batch_sizes is not None
-            else (() if (not on_gpu if self.enforce_eager is None else self.enforce_eager)
-                  else tuple(b for b in (2, 8) if b <= max(self.batch_sizes))),
+            else () if eager else tuple(b for b in (2, 8) if b <= max(self.batch_sizes)),
         )
 
     def engine_settings(self, model: str) -> dict:

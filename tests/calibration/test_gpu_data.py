@@ -707,13 +707,22 @@ def test_run14_the_plan_with_its_long_step_at_b8(specs, tmp_path, capsys):
     params = gcl.build_gpu_calibration(gcl.calibration_records(RUN14), gpu, target, draft)[0].step_time[target.name]
     ctx = b32["context_len"] + 1 + b32["steps"] / 2
     assert 0.15 < float(step_time_from_cost(cost, params, 32, 1, ctx)) / b32["step_s"] - 1 < 0.17
-    summaries = {name: got["summary"] for name, _, got in rederived_closed_loops(RUN14, tmp_path)}
-    capsys.readouterr()
-    own, profile = summaries["closed-loop-result"], summaries["closed-loop-result-profile"]
-    assert own["median_abs_error"] == pytest.approx(0.134, abs=1e-3) and own["sign_right"] == 33
-    assert summaries["closed-loop-result-second-calibration"]["median_abs_error"] == pytest.approx(0.151, abs=1e-3)
-    assert profile["median_abs_error"] == pytest.approx(0.088, abs=1e-3) and profile["sign_right"] == 36
+    summaries = lease_closed_loops(RUN14, tmp_path, capsys, own=(0.134, 33), second=0.151, profile=(0.088, 36))
     assert min(s["interval_coverage"] for s in summaries.values()) >= 0.97
+
+
+def lease_closed_loops(run: Path, tmp_path: Path, capsys, own: tuple[float, int], second: float,
+                       profile: tuple[float, int]) -> dict[str, dict]:
+    """``run``'s stored closed loops re-derived (:func:`rederived_closed_loops`), with the median |error| and signs
+    of its own calibration and of the shipped profile, and the median of its second calibration, checked; the
+    summaries by stored name."""
+    summaries = {name: got["summary"] for name, _, got in rederived_closed_loops(run, tmp_path)}
+    capsys.readouterr()
+    for name, (median, signs) in (("closed-loop-result", own), ("closed-loop-result-profile", profile)):
+        assert summaries[name]["median_abs_error"] == pytest.approx(median, abs=1e-3)
+        assert summaries[name]["sign_right"] == signs
+    assert summaries["closed-loop-result-second-calibration"]["median_abs_error"] == pytest.approx(second, abs=1e-3)
+    return summaries
 
 
 RUN15 = RUN.parent / "h200-vllm0.24-run15"
@@ -732,13 +741,8 @@ def test_run15_mixed_width_batches_and_a_fourth_lease_of_the_plan(specs, tmp_pat
     walls = [json.loads((run / "calibration-run.json").read_text())
              for run in (RUN15, RUN.parent / f"{RUN15.name}-second")]
     assert [w["wall_s"] for w in walls] == [185.6, 178.7] and walls[0]["split_s"]["engine start"] == 105.3
-    summaries = {name: got["summary"] for name, _, got in rederived_closed_loops(RUN15, tmp_path)}
-    capsys.readouterr()
-    own, profile = summaries["closed-loop-result"], summaries["closed-loop-result-profile"]
-    assert own["median_abs_error"] == pytest.approx(0.134, abs=1e-3) and own["sign_right"] == 36
-    assert summaries["closed-loop-result-second-calibration"]["median_abs_error"] == pytest.approx(0.127, abs=1e-3)
-    assert profile["median_abs_error"] == pytest.approx(0.085, abs=1e-3) and profile["sign_right"] == 36
-    mixed = {b["batch"]: b for b in own["mixed_steps"]}
+    summaries = lease_closed_loops(RUN15, tmp_path, capsys, own=(0.134, 36), second=0.127, profile=(0.085, 36))
+    mixed = {b["batch"]: b for b in summaries["closed-loop-result"]["mixed_steps"]}
     assert sorted(mixed) == [2, 8, 64, 256] and {b["mean_width"] for b in mixed.values()} == {2.5}
     assert mixed[8]["measured_ms"] / mixed[8]["uniform_full_ms"] == pytest.approx(1.38, abs=0.01)
     assert mixed[8]["error"] == pytest.approx(-0.204, abs=0.001) and abs(mixed[64]["error"]) < 0.01

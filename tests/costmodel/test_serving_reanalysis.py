@@ -134,11 +134,11 @@ def test_host_guard_waits_for_the_host_and_redoes_a_run_it_drifted_during(monkey
     assert result == {"run": 3} and drift == {"before": 0.5, "after": 0.4}
 
 
-def _three_rates(result, saturated: float = 2.0) -> tuple[int, set]:
+def _three_rates(result) -> tuple[int, set]:
     """Within 15 % at the three rates from light to saturated (0.3x, 0.7x, 2x the capacity), and the misses."""
     from benchmarks import serving
 
-    rows = [r for r in result.rows if round(r.load, 1) in (0.3, 0.7, saturated)]
+    rows = [r for r in result.rows if round(r.load, 1) in (0.3, 0.7, 2.0)]
     within = sum(abs(e) <= serving.TARGET_ERROR for r in rows for e in r.errors.values())
     misses = {(r.mode, round(r.load, 1), k) for r in rows for k, e in r.errors.items() if abs(e) > serving.TARGET_ERROR}
     return within, misses
