@@ -262,11 +262,28 @@ def server_counters(url: str) -> dict[str, float]:
     return out
 
 
+def counter(counters: dict[str, float], name: str) -> float:
+    """One counter of :func:`server_counters` summed over its labels."""
+    return sum(v for k, v in counters.items() if k.split("{")[0] == name)
+
+
+def tokens_per_decode_step(counters: dict[str, float]) -> float | None:
+    """Tokens a request got per decode step in a bench run, from the server's counters: every request's first token
+    comes from its prefill step, each decode step after it yields 1 + the drafts it accepted (vLLM's spec-decode
+    counters, design.md §2). None without speculation counters."""
+    generated = counter(counters, "vllm:generation_tokens_total") - counter(counters, "vllm:request_success_total")
+    accepted = counter(counters, "vllm:spec_decode_num_accepted_tokens_total")
+    if not counter(counters, "vllm:spec_decode_num_drafts_total") or generated - accepted <= 0:
+        return None
+    return generated / (generated - accepted)
+
+
 def bench(url: str, model: str, dataset: Path, rate: float, num_prompts: int, output_len: int, seed: int,
           workdir: Path, label: str, max_concurrency: int | None = None) -> dict[str, Any]:
     """One ``vllm bench serve`` run (vLLM's benchmark, in this process): per-request start times, TTFT, latency;
     and the server's counters that moved during it (``server_counters``: engine steps, tokens, spec-decode drafts
-    and acceptances, engine-side request times), as diagnostics: nothing from them enters the simulation."""
+    and acceptances, engine-side request times). Of them only a probe's tokens per decode step enter the front-end
+    fit (:func:`tokens_per_decode_step`); the rest are diagnostics."""
     from vllm.benchmarks.serve import add_cli_args as bench_args, main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -354,15 +371,19 @@ def simulate_run(run: dict[str, Any], gpu, target, cal, kv_tokens: int, spec,
 # closed-loop serving probe: requests kept open (alone, partial batches, a full batch, and a queue of 2 batches
 # behind it)
 PROBE_CONCURRENCY = (1, 4, 8, MAX_NUM_SEQS, 3 * MAX_NUM_SEQS)
-PROBE_PROMPTS = {1: 6, 4: 16, 8: 24, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
+PROBE_PROMPTS = {1: 12, 4: 16, 8: 24, MAX_NUM_SEQS: 40, 3 * MAX_NUM_SEQS: 72}
+WARMUP_PROMPTS = 2  # sent before the probe and not kept: a fresh server's first request compiles (n-gram's numba
+# lookup took 1.2-1.7 s of the first TTFT in Runs G-I, the baseline's 15-70 ms), and c = 1 anchors the front end
 
 
 def serving_probe(url: str, model: str, dataset: Path, output_len: int, workdir: Path, mode: str,
                   concurrency: tuple[int, ...] = PROBE_CONCURRENCY, lock: str | None = None) -> dict[int, dict]:
     """Calibration of the served engine (not a validation point): ``vllm bench serve`` closed loop (no arrival
     process: c requests always in flight) at each c; per-request TTFT, TPOT and lengths, and the requests/s
-    finished. Each c takes the CPU lock on its own."""
+    finished. Each c takes the CPU lock on its own, the warm-up (``WARMUP_PROMPTS``, not kept) with the first."""
     out = {}
+    with cpu_lock(lock, f"warmup-{mode}"):
+        bench(url, model, dataset, math.inf, WARMUP_PROMPTS, output_len, 1, workdir, f"warmup-{mode}", 1)
     for c in concurrency:
         label = f"probe-{mode}-c{c}"
         with cpu_lock(lock, label):
@@ -384,6 +405,13 @@ def host_drift(url: str, model: str, dataset: Path, output_len: int, workdir: Pa
     does not always show (a virtual machine's neighbours)."""
     result = bench(url, model, dataset, math.inf, REFERENCE_PROMPTS, output_len, 1, workdir, label, 1)
     return measured_ms(result)["tpot_p50"] / probe_tpot_ms - 1.0
+
+
+def first_requests(run: dict[str, Any], n: int) -> dict[str, Any]:
+    """A closed loop's first ``n`` requests: at c = 1 with the same seed, the prompts a shorter run of ``n`` serves
+    (the host-speed reference is compared with the probe's c = 1 on the same prompts: a copy drafter's speed is the
+    prompt's)."""
+    return {k: v[:n] if isinstance(v, list) else v for k, v in run.items()}
 
 
 def capacity_rps(probe: dict[int, dict]) -> float:
@@ -416,7 +444,11 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
       request waiting in the server (c > max_num_seqs, against the measured full batch). A closed loop replaces
       each finished request at once, so a share (B − 1)·AL / output of the steps also prefills one prompt (vLLM's
       scheduler takes a waiting request's whole prompt in one step when it fits the token budget,
-      vllm/v1/core/sched/scheduler.py); those steps are modelled as such, the others as decode-only;
+      vllm/v1/core/sched/scheduler.py); those steps are modelled as such, the others as decode-only. With
+      speculation, tokens per step are the probe's own where the server counted them (:func:`tokens_per_decode_step`):
+      the few prompts of c = 1 and 4 draft less than the 30 pooled (1.14–1.16 tokens per step against 1.21, Runs E–I),
+      and the pooled rate made their steps read ~5 % long, a per-step excess of 1.3–1.5 ms that every simulated
+      n-gram step then paid;
     - the delay before the scheduler sees a request: measured − modelled TTFT of a request alone (smallest c).
     Concurrencies measured while other processes took more than ``OTHERS_CPU_LIMIT`` of the cores are left out of
     the a + b·B fit when at least one undisturbed one remains."""
@@ -428,8 +460,8 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
     from calibration.contention import OTHERS_CPU_LIMIT
 
     base = StepModel(forward_cost(gpu, target), cal.step_time[target.name], cal.prefill[target.name])
-    per_cycle = float(spec.tokens_pmf() @ np.arange(1, spec.k + 2)) if spec else 1.0  # tokens per step
-    stats = {}
+    pooled = float(spec.tokens_pmf() @ np.arange(1, spec.k + 2)) if spec else 1.0  # tokens per step
+    stats, per_cycle = {}, {}
     for c, run in probe.items():
         ok = [i for i, e in enumerate(run["errors"]) if not e and run["output_lens"][i] > 1]
         stats[c] = (float(np.mean([run["input_lens"][i] for i in ok])),
@@ -437,15 +469,17 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
                     float(np.median([run["ttfts"][i] for i in ok])),
                     float(np.median([(run["latencies"][i] - run["ttfts"][i]) / (run["output_lens"][i] - 1)
                                      for i in ok])))
+        measured = tokens_per_decode_step(run.get("server_counters") or {}) if spec else None
+        per_cycle[c] = measured or pooled
     clock = _StepClock(base, spec)
     excess = {}
     for c, (p, o, _, tpot) in stats.items():
         b = min(c, MAX_NUM_SEQS)  # in the engine; the rest wait in the server
-        admit = min((b - 1) * per_cycle / o, 1.0)  # share of steps that also prefill a replacement prompt
+        admit = min((b - 1) * per_cycle[c] / o, 1.0)  # share of steps that also prefill a replacement prompt
         ctx = b * (p + o / 2.0)
         modelled = (1.0 - admit) * clock(b, ctx, 0.0, 0.0, 0.0) + admit * clock(b - 1, ctx * (b - 1) / b, p,
                                                                                   p * p / 2.0, 0.0)
-        excess[c] = tpot * per_cycle - modelled
+        excess[c] = tpot * per_cycle[c] - modelled
     # a probe that other processes disturbed measured them too (calibration.contention): left out while another is clean
     clean = [c for c in excess if c <= MAX_NUM_SEQS and probe[c].get("others_cpu", 0.0) <= OTHERS_CPU_LIMIT]
     batches = sorted(clean or (c for c in excess if c <= MAX_NUM_SEQS))
@@ -569,7 +603,7 @@ def measure(args: argparse.Namespace, workdir: Path, model: str) -> dict[str, An
                                   tuple(int(c) for c in args.probe_concurrency.split(",")), args.cpu_lock)
             (workdir / f"probe-{mode}.json").write_text(json.dumps(probe))
             capacity = capacity_rps(probe)
-            reference = measured_ms(probe[min(probe)])["tpot_p50"]  # the probe's c = 1 (its least concurrency)
+            reference = measured_ms(first_requests(probe[min(probe)], REFERENCE_PROMPTS))["tpot_p50"]
             for spelling, value in parse_rates(args.rates):
                 relative = spelling.endswith("x")
                 rate = round(value * capacity, 3) if relative else value

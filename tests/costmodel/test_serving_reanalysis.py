@@ -66,18 +66,18 @@ def test_run_d_reanalysed_gives_the_documented_table():
 def test_run_e_on_a_steady_host_comes_within_15_percent_but_at_the_knee():
     """Run E (2026-12-01 16:55-17:15, the host-speed guard's first run): the host stayed within 5.5 % of the serving
     probe's speed before and after every rate, and 22 of 24 percentiles come within 15 % -- every TPOT, and every
-    TTFT but the n-gram runs' at 0.7x (p90 +17 %) and 1.0x (p50 +138 %, the knee). With n-gram the simulation
+    TTFT but the n-gram runs' at 0.7x (p90 +15.3 %) and 1.0x (p50 +121 %, the knee). With n-gram the simulation
     draws each request's accepted drafts: one draw of 120 requests put the 0.7x TTFT p90 anywhere from +9 to +26 %
-    (eight seeds; the first +19.8 %), so eight draws are pooled."""
+    (eight seeds, before the probe's own tokens per step; the first +16.8 % now), so eight draws are pooled."""
     result, rows, within = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30)
     assert result.cells == 24 and within == {"baseline": 12, "ngram": 10}
     assert all(abs(d) < 0.06 for r in result.rows for d in r.host_drift.values())
     misses = {(r.mode, round(r.load, 1), k) for r in result.rows for k, e in r.errors.items() if abs(e) > 0.15}
     assert misses == {("ngram", 0.7, "ttft_p90"), ("ngram", 1.0, "ttft_p50")}
     assert all(abs(e) <= 0.08 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
-    assert rows[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.167, abs=0.005)
+    assert rows[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.153, abs=0.005)
     _, one, _ = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30, "--replicates", "1")
-    assert one[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.198, abs=0.005)
+    assert one[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.168, abs=0.005)
     assert one[("baseline", 1.0)].simulated_ms == rows[("baseline", 1.0)].simulated_ms  # nothing drawn
 
 
@@ -91,7 +91,7 @@ def test_run_e_knee_ttft_moves_tens_of_points_per_percent_of_service_speed():
     for mode in ("baseline", "ngram"):
         p50 = [by[f][(mode, 1.0)]["ttft_p50"] for f in (0.99, 1.0, 1.01)]
         assert p50[0] < p50[1] < p50[2] and min(p50[1] - p50[0], p50[2] - p50[1]) > 0.3
-    assert by[1.0][("ngram", 1.0)]["ttft_p50"] == pytest.approx(1.381, abs=0.01)  # Run E's table
+    assert by[1.0][("ngram", 1.0)]["ttft_p50"] == pytest.approx(1.207, abs=0.01)  # Run E's table
     for f in (0.99, 1.01):
         for key, errors in by[f].items():
             for k in ("tpot_p50", "tpot_p90"):
@@ -100,11 +100,11 @@ def test_run_e_knee_ttft_moves_tens_of_points_per_percent_of_service_speed():
 
 def test_run_f_saturated_with_ngram_within_10_percent_on_an_unsteady_host():
     """Run F (2026-12-01 evening): a fourth rate at 1.5x the capacity, on a host ~35 % slower than Run E's and
-    unsteady (three rates redone). Saturated, the n-gram server's four percentiles come within 10 %; the saturated
+    unsteady (three rates redone). Saturated, the n-gram server's four percentiles come within 12 %; the saturated
     baseline run was served ~19 % faster than the 1.0x run before it, and the simulation misses it."""
     result, rows, within = reanalyse("serving-run-f", "--acceptance-records", ACCEPTANCE_30)
     assert result.cells == 32 and sum(within.values()) == 27
-    assert all(abs(e) < 0.10 for e in rows[("ngram", 1.5)].errors.values())
+    assert all(abs(e) < 0.12 for e in rows[("ngram", 1.5)].errors.values())
     assert rows[("ngram", 1.5)].measured_ms["ttft_p50"] > 5000  # a queue that grows through the run
     sat, knee = rows[("baseline", 1.5)], rows[("baseline", 1.0)]
     assert sat.measured_ms["tpot_p50"] < 0.85 * knee.measured_ms["tpot_p50"]
@@ -146,13 +146,13 @@ def _three_rates(result) -> tuple[int, set]:
 
 def test_run_h_light_middle_and_saturated_all_within_15_percent():
     """Run H (2026-12-03, this AMX host, nothing else running): 0.3x, 0.7x and 2x the capacity -- a queue that grows
-    through the run, TTFTs of 5-12 s -- every percentile within 15 % in both modes (24 / 24; worst n-gram's light TTFT
-    p50 +11.5 %). At the knee (1.0x, a fourth rate) the baseline's TTFTs miss (+35 %, +18 %) and n-gram's come within
-    5 %: 30 / 32 over the four rates."""
+    through the run, TTFTs of 5-12 s -- every percentile within 15 % in both modes (24 / 24; worst the baseline's
+    0.7x TTFTs, +8.8 %). At the knee (1.0x, a fourth rate) the baseline's TTFTs miss (+35 %, +18 %) and n-gram's
+    TTFT p50 (-32 %): 29 / 32 over the four rates."""
     result, rows, within = reanalyse("serving-run-h", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 32 and sum(within.values()) == 30
+    assert result.cells == 32 and sum(within.values()) == 29
     assert _three_rates(result) == (24, set())
-    assert max(abs(e) for r in result.rows if round(r.load, 1) != 1.0 for e in r.errors.values()) < 0.12
+    assert max(abs(e) for r in result.rows if round(r.load, 1) != 1.0 for e in r.errors.values()) < 0.09
     knee = rows[("baseline", 1.0)]
     assert {k for k, e in knee.errors.items() if abs(e) > 0.15} == {"ttft_p50", "ttft_p90"}
     assert rows[("baseline", 2.0)].measured_ms["ttft_p50"] > 5000  # saturated: the queue grows through the run
@@ -161,11 +161,11 @@ def test_run_h_light_middle_and_saturated_all_within_15_percent():
 
 def test_run_g_an_hour_earlier_misses_on_the_ngram_ttfts():
     """Run G, the same benchmark an hour before Run H on the same host: the baseline's three rates within 15 %
-    (12 / 12, the 2x rate within 3 %), n-gram's TPOTs too, but its TTFTs simulated 13-30 % long at every rate: 19 / 24.
+    (12 / 12, the 2x rate within 3 %), n-gram's TPOTs too, but its TTFTs simulated 12-30 % long at every rate: 20 / 24.
     The n-gram server ran its requests faster than its calibration said (TPOT p50 at 0.3x 29.9 ms, Run H's 31.0)."""
     result, rows, _ = reanalyse("serving-run-g", "--acceptance-records", ACCEPTANCE_30)
     within, misses = _three_rates(result)
-    assert within == 19 and {m for m, _, _ in misses} == {"ngram"}
+    assert within == 20 and {m for m, _, _ in misses} == {"ngram"}
     assert all(k.startswith("ttft") for _, _, k in misses)
     assert all(abs(e) < 0.03 for e in rows[("baseline", 2.0)].errors.values())
 
@@ -180,3 +180,21 @@ def test_run_i_on_a_host_that_changed_speed_misses():
     assert all(r.host_drift["before"] < -0.18 for r in result.rows if r.mode == "ngram" and r.load > 0.9)
     assert all(e > 0.3 for k, e in rows[("ngram", 2.0)].errors.items() if k.startswith("tpot"))
     assert rows[("baseline", 0.3)].rate == pytest.approx(0.722, abs=1e-3)
+
+
+def test_ngram_probe_steps_take_the_tokens_per_step_the_server_counted():
+    """The serving probe's few prompts draft less than the 30 pooled (Run H: 1.158 tokens per decode step at c = 1
+    by the server's counters, 1.206 pooled). Read at the pooled rate its steps looked ~4 % long, and the front-end
+    fit charged every simulated n-gram step 1.5 ms more; at its own rate 0.3 ms."""
+    import json
+
+    from benchmarks import serving
+
+    probe = {mode: json.loads((REPO / f"benchmarks/data/serving-run-h/probe-{mode}.json").read_text())
+             for mode in ("baseline", "ngram")}
+    assert serving.tokens_per_decode_step(probe["ngram"]["1"]["server_counters"]) == pytest.approx(1.158, abs=1e-3)
+    assert serving.tokens_per_decode_step(probe["ngram"]["16"]["server_counters"]) == pytest.approx(1.222, abs=1e-3)
+    assert serving.tokens_per_decode_step(probe["baseline"]["1"]["server_counters"]) is None
+    assert serving.tokens_per_decode_step({}) is None
+    result, _, _ = reanalyse("serving-run-h", "--acceptance-records", ACCEPTANCE_30)
+    assert result.calibration["frontend"]["ngram"]["frontend_s_per_step"] == pytest.approx(0.00032, abs=2e-5)
