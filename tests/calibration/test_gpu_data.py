@@ -155,16 +155,16 @@ def test_profile_gives_measured_answers(specs):
 BF16_LEASES = ("h200-vllm0.24", "h200-vllm0.24-run2", "h200-vllm0.24-run3", "h200-vllm0.24-run4",
                "h200-vllm0.24-run5", "h200-vllm0.24-run7", "h200-vllm0.24-run8", "h200-vllm0.24-run9",
                "h200-vllm0.24-run10", "h200-vllm0.24-run13", "h200-vllm0.24-run14",
-               "h200-vllm0.24-run15")  # one measurement per lease
+               "h200-vllm0.24-run15", "h200-vllm0.24-run16")  # one measurement per lease
 # (run 6 measured none)
 
 
 def test_profile_predicts_every_lease():
-    """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the twelve bf16 leases'
-    closed loops within a mean 12.6 % (median 11.0 %), every sign right but at break-even, where run 1's fit alone (the
+    """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the thirteen bf16 leases'
+    closed loops within a mean 12.2 % (median 10.4 %), every sign right but at break-even, where run 1's fit alone (the
     profile before run 13) gave 18.6 % (15.7 %) over the first ten and 19.9 % on the nine it was not fitted on. With the
-    lease it predicts left out of the pool: run 10 12.0 %, run 13 9.1 %; runs 14 and 15, measured after the profile
-    shipped, 8.8 % and 8.5 %."""
+    lease it predicts left out of the pool: run 10 12.0 %, run 13 9.1 %; runs 14, 15 and 16, measured after the profile
+    shipped, 8.8 %, 8.5 % and 7.4 %."""
     profile = gcl.shipped_profile()
     medians = {}
     for name in BF16_LEASES:
@@ -172,8 +172,10 @@ def test_profile_predicts_every_lease():
         summary = gcl.summarise(points)
         medians[name] = summary["median_abs_error"]
         assert summary["sign_right"] >= 34 and summary["interval_coverage"] >= 0.86
-    assert statistics.fmean(medians.values()) == pytest.approx(0.126, abs=0.002)
+    assert statistics.fmean(medians.values()) == pytest.approx(0.122, abs=0.002)
+    assert statistics.median(medians.values()) == pytest.approx(0.104, abs=0.002)
     assert medians["h200-vllm0.24-run15"] == pytest.approx(0.085, abs=0.001)
+    assert medians["h200-vllm0.24-run16"] == pytest.approx(0.074, abs=0.001)
     assert max(medians.values()) < 0.22
     pool = [gcl.REPO_ROOT / p for p in gcl.PROFILE_POOL]
     extra = gcl.load_jsonl(gcl.REPO_ROOT / gcl.PROFILE_LONG_CONTEXT)
