@@ -98,7 +98,7 @@ def test_run_e_knee_ttft_moves_tens_of_points_per_percent_of_service_speed():
                 assert abs(errors[k] - by[1.0][key][k]) < 0.02
 
 
-def test_run_f_saturated_with_ngram_within_10_percent_on_an_unsteady_host():
+def test_run_f_saturated_with_ngram_within_12_percent_on_an_unsteady_host():
     """Run F (2026-12-01 evening): a fourth rate at 1.5x the capacity, on a host ~35 % slower than Run E's and
     unsteady (three rates redone). Saturated, the n-gram server's four percentiles come within 12 %; the saturated
     baseline run was served ~19 % faster than the 1.0x run before it, and the simulation misses it."""
