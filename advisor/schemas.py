@@ -479,6 +479,7 @@ class StepTimeFitSchema(StrictSchema):
     per_sequence_overhead_log_std = _number(0.0, 2.0)
     eager_layer_overhead_s = _number(0.0, 1.0)
     eager_probability = _number(0.0, 1.0)
+    ragged_step_s = _number(0.0, 10.0)
     timing_rms_rel = _number(0.0, 2.0)
 
 

@@ -368,12 +368,47 @@ def fit_step_time(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, weight
     pred = predict_points(points, gpu, fitted, weights_dtype)
     fitted = dataclasses.replace(fitted, timing_rms_rel=float(np.sqrt(np.mean(np.square((pred - t) / t)))))
     fitted = dataclasses.replace(fitted, **repeat_spread_floors(points, gpu, fitted, free, weights_dtype))
+    ragged = ragged_points(records, model, model_path)
+    if ragged:
+        fitted = dataclasses.replace(fitted, ragged_step_s=fit_ragged_step_s(ragged, gpu, fitted, weights_dtype))
     rows = [{"kind": p.kind, "model": p.model.name, "batch": int(p.batch), "q": int(p.q), "context": p.context,
              "temperature": p.temperature, "measured_s": float(p.seconds), "predicted_s": float(pr),
              "method": p.method if p.kind == "cycle" else None, "draft_fraction": p.draft_fraction}
             for p, pr in zip(points, pred)]
     return FitResult(fitted, cov.tolist(), [float(r) for r in res], len(t), float(np.sqrt(np.mean(res ** 2))),
                      tuple(free), rows)
+
+
+def ragged_points(records: Iterable[Any], model: ModelSpec, model_path: str | None = None) -> list[StepPoint]:
+    """The verify engine's mixed-width steps (``kind == "mixed"``: half the batch verifying k drafts, half none;
+    timed on graph engines only, ``ProbeConfig.mixed_width_batch_sizes``) as steps of the mean width."""
+    out = []
+    for r in _records(records, "step_time", model_path):
+        v = r.values
+        if v.get("kind") != "mixed" or not v.get("step_s") or v["step_s"] <= 0:
+            continue
+        batch, q = float(v["batch_size"]), float(v.get("q", 1))
+        ctx = float(v.get("context_len", 0)) + 1.0 + float(v.get("steps") or 0.0) / 2.0
+        out.append(StepPoint("step", model, None, batch, 1.0 + (q - 1.0) / 2.0, int(q - 1), ctx, float(v["step_s"]),
+                             float(v.get("temperature") or 0.0), gpu_count=_tp(r), kv_cache_dtype=_kv(r)))
+    return out
+
+
+def fit_ragged_step_s(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimeParams,
+                      weights_dtype: str = "bf16") -> float:
+    """``ragged_step_s``: the host-bound floor F of a step that is not uniform, such that max(the fitted uniform step
+    of the mean width, F) meets the mixed-width steps in least squares of log(measured / predicted)."""
+    from scipy.optimize import minimize_scalar
+
+    t = np.array([p.seconds for p in points])
+    uniform = predict_points(points, gpu, params, weights_dtype)
+    if np.all(t <= uniform):
+        return 0.0
+
+    def loss(floor: float) -> float:
+        return float(np.sum(np.log(t / np.maximum(uniform, floor)) ** 2))
+
+    return float(minimize_scalar(loss, bounds=(float(uniform.min()), float(t.max())), method="bounded").x)
 
 
 OVERHEAD_LOG_STD_FIELDS = {"verify_overhead_s": "verify_overhead_log_std",

@@ -260,6 +260,12 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
     verify = ts.verify_overhead_s * samples.verify_scale + fwd[:, :, 1:]
     if ts.rejection_sampling_s_per_seq or ts.rejection_sampling_s_per_draft:  # + sampling at T > 0: per sequence
         verify = verify + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature)  # and per draft position
+    if ts.ragged_step_s:  # (0 unless a graph engine's calibration timed it: the term is then absent)
+        # a step is uniform (a full CUDA graph) when every sequence drafted, P = f^B for sequences drafting apart;
+        # any other step runs piecewise graphs: max(its uniform price, the host-bound floor) (vLLM's
+        # CudagraphDispatcher: FULL only for uniform decode batches of 1 + k query tokens)
+        uniform = f ** b
+        verify = verify + (1.0 - uniform) * np.maximum(ts.ragged_step_s - (samples.fixed_s + verify), 0.0)
     cycle = _scaled(samples.fixed_s + verify + draft + _scaled(b * ts.per_sequence_overhead_s, samples.sequence_scale),
                     samples.cycle_scale)
     tpot_base = step_base

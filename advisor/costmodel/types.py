@@ -193,6 +193,11 @@ class StepTimeParams:
     # probability that it does (sampled for the interval; the point estimate is graph-captured).
     eager_layer_overhead_s: float = 0.0
     eager_probability: float = 0.0
+    # CUDA-graph engines: vLLM replays a full graph only for a uniform batch (every sequence verifying k drafts); a
+    # speculative step in which some sequences have no draft (a copy drafter that found no match) runs piecewise
+    # graphs, host-bound, and takes at least this long (H200 × vLLM 0.24: 7.7-12.2 ms at B = 2-8, against a 3-7 ms
+    # uniform verify). 0: not measured (eager engines, older calibrations), priced as a uniform step.
+    ragged_step_s: float = 0.0
     # Relative rms of the calibration's step-time fit residuals (measured vs fitted steps and cycles): how far a
     # step time of this engine lands from the fit, run to run; the interval samples the baseline step and the
     # speculative cycle each with this log-normal spread. 0 when uncalibrated (the priors carry the doubt).

@@ -153,7 +153,8 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
             out.append(f"A batch in which half the sequences draft k={q - 1} and half nothing costs {s / full:.2f}× "
                        f"a uniform verify step at B={b} ({_ms(s)} vs {_ms(full)}). With CUDA graphs vLLM replays "
                        "a full graph only for a uniform batch, so a copy drafter (n-gram) that finds a match for "
-                       "some sequences only gains less at small batches than a uniform step prices.")
+                       "some sequences only gains less at small batches: the fit prices such steps at no less than "
+                       "a floor fitted to these (ragged_step_s).")
     for (role, kind, q, t, b), s in sorted(cells.items()):
         if kind == "cycle" and t == 0.0 and b == 1 and b in decode:
             what = "draft-model" if role == "draft_model" else role.replace("_", " ")

@@ -738,12 +738,13 @@ def test_run15_mixed_width_batches_and_a_fourth_lease_of_the_plan(specs, tmp_pat
     model charges n-gram at a drafted fraction of one half; in the second, 8.48 ms (1.07x, priced 4 % high). At
     B = 64 both are priced within 1 %. So on vLLM 0.24 a batch only part of which drafts runs on piecewise graphs,
     costing 0-3.5 ms more at B <= 8 by engine start, as the narrower verify widths of a k = 5 engine do. The
-    closed loop: own calibration 13.4 % (36 / 36 signs), the second 12.7 % (33 / 36), pooled with the first as the
-    product pools 11.0 %; the shipped profile, fitted before this lease, 8.5 %, every sign and interval right."""
+    closed loop: own calibration 14.1 % (35 / 36 signs; 13.4 % and 36 / 36 before the fit took the mixed steps'
+    floor, ``ragged_step_s``), the second 12.7 % (33 / 36), pooled with the first as the product pools 13.3 % (11.0 %);
+    the shipped profile, fitted before this lease, 8.5 %, every sign and interval right."""
     walls = [json.loads((run / "calibration-run.json").read_text())
              for run in (RUN15, RUN.parent / f"{RUN15.name}-second")]
     assert [w["wall_s"] for w in walls] == [185.6, 178.7] and walls[0]["split_s"]["engine start"] == 105.3
-    summaries = lease_closed_loops(RUN15, tmp_path, capsys, own=(0.134, 36), second=0.127, profile=(0.085, 36))
+    summaries = lease_closed_loops(RUN15, tmp_path, capsys, own=(0.141, 35), second=0.127, profile=(0.085, 36))
     mixed = {b["batch"]: b for b in summaries["closed-loop-result"]["mixed_steps"]}
     assert sorted(mixed) == [2, 8, 64, 256] and {b["mean_width"] for b in mixed.values()} == {2.5}
     assert mixed[8]["measured_ms"] / mixed[8]["uniform_full_ms"] == pytest.approx(1.38, abs=0.01)
@@ -754,7 +755,7 @@ def test_run15_mixed_width_batches_and_a_fourth_lease_of_the_plan(specs, tmp_pat
     out = tmp_path / "with-first.json"
     gcl.analyze(RUN15, out, RUN.parent / f"{RUN15.name}-second", (), False, (RUN15,))
     capsys.readouterr()
-    assert json.loads(out.read_text())["summary"]["median_abs_error"] == pytest.approx(0.110, abs=1e-3)
+    assert json.loads(out.read_text())["summary"]["median_abs_error"] == pytest.approx(0.133, abs=1e-3)
 
 
 RUN16 = RUN.parent / "h200-vllm0.24-run16"
@@ -765,15 +766,15 @@ def test_run16_a_fresh_node_inside_180_s_and_a_draft_model_in_the_other_state(sp
     the fresh node (engine starts 98.0 s, probes 60.6 s) and 168.6 s again: inside the 180 s target. Its draft-model
     engine started in the fast state (cycles 21-22 ms at B = 1-64), and every draft-model engine after it in the slow
     one: the closed loop's speedups came out at about half the predicted (median error 58 % on the draft model, 8 %
-    on n-gram; 44 % in all, 35 / 36 signs, the miss a "calibrate" at break-even, no wrong verdict: every draft-model
+    on n-gram, 5.5 % with the mixed steps' floor; 44 % in all, 36 / 36 signs, no wrong verdict: every draft-model
     answer is "no-go" or "calibrate" and every measurement below 1x). The second calibration, in the slow state like
-    the measurements, predicts within 6.7 %, every sign right; the shipped profile within 7.4 %. A half-drafting batch
+    the measurements, predicts within 6.8 %, 35 / 36 signs; the shipped profile within 7.4 %. A half-drafting batch
     at B = 8 cost 1.39x and 1.46x a uniform verify in the two calibrations (run 15: 1.38x, 1.07x)."""
     walls = [json.loads((run / "calibration-run.json").read_text())
              for run in (RUN16, RUN.parent / f"{RUN16.name}-second")]
     assert [w["wall_s"] for w in walls] == [158.6, 168.6] and walls[0]["split_s"] == {"engine start": 98.0,
                                                                                       "probes": 60.6}
-    summaries = lease_closed_loops(RUN16, tmp_path, capsys, own=(0.439, 35), second=0.067, profile=(0.074, 35))
+    summaries = lease_closed_loops(RUN16, tmp_path, capsys, own=(0.439, 36), second=0.068, profile=(0.074, 35))
     points = json.loads((RUN16 / "closed-loop-result.json").read_text())["points"]
     draft = [p for p in points if p["method"] == "draft_model"]
     assert all(p["measured"] < 1 and p["extra"]["decision"] in ("no-go", "calibrate") for p in draft)
@@ -793,10 +794,10 @@ def test_a_later_calibration_pools_the_earlier_ones_of_its_lease(tmp_path, capsy
     """What a product run's fit does with the earlier runs of its conditions (``calibration.jobs.pooled_runs``:
     their timing records join its own, ``calibration.fit.pool_runs``), on the leases calibrated more than once. Over
     runs 10-15 each later calibration alone predicts its lease's closed loop within a median 9.8-15.1 % (mean 12.4 %),
-    pooled with the earlier ones 7.6-12.2 % (10.6 %). Run 16 turns it round: its first calibration's draft-model
+    pooled with the earlier ones 7.6-13.3 % (11.1 %; run 15's pooled fit takes both calibrations' mixed steps). Run 16 turns it round: its first calibration's draft-model
     engine started in the fast state (B = 1 cycle 21 ms), every later engine of the lease in the slow one (28-43 ms),
-    so its second calibration alone predicts within 6.7 % and pooled with the first 24.2 %. Over the five leases:
-    alone 11.5 % (against both measurements 11.6 %), pooled 12.9 % (12.3 %). Pooling averages engine starts; it helps
+    so its second calibration alone predicts within 6.8 % and pooled with the first 24.2 %. Over the five leases:
+    alone 11.5 % (against both measurements 11.6 %), pooled 13.3 % (12.3 %). Pooling averages engine starts; it helps
     when the earlier start read the state the measurement ran in and hurts when it did not. Run 15's second
     calibration alone misses three signs at break-even (n-gram at 0.5, B = 1-16: "calibrate"), pooled one."""
     leases = {"run10": ("h200-vllm0.24-run10", "h200-vllm0.24-run10-second", "h200-vllm0.24-run10-third"),
@@ -817,16 +818,16 @@ def test_a_later_calibration_pools_the_earlier_ones_of_its_lease(tmp_path, capsy
                     assert summary["sign_right"] >= (35 if pooled else 33) and summary["interval_coverage"] >= 0.97
                     got[name, pooled, bool(remeasured)] = summary["median_abs_error"]
     capsys.readouterr()
-    for remeasured, alone, pooled in ((False, 0.115, 0.129), (True, 0.116, 0.123)):
+    for remeasured, alone, pooled in ((False, 0.115, 0.133), (True, 0.116, 0.123)):
         assert statistics.fmean(v for (_, p, r), v in got.items() if not p and r == remeasured) == pytest.approx(
             alone, abs=0.001)
         assert statistics.fmean(v for (_, p, r), v in got.items() if p and r == remeasured) == pytest.approx(
             pooled, abs=0.001)
     assert got["h200-vllm0.24-run14-second", False, True] == pytest.approx(0.226, abs=0.001)
     assert got["h200-vllm0.24-run14-second", True, True] == pytest.approx(0.127, abs=0.001)
-    assert got["h200-vllm0.24-run16-second", False, False] == pytest.approx(0.067, abs=0.001)
+    assert got["h200-vllm0.24-run16-second", False, False] == pytest.approx(0.068, abs=0.001)
     assert got["h200-vllm0.24-run16-second", True, False] == pytest.approx(0.242, abs=0.001)
-    assert max(v for (name, p, _), v in got.items() if p and "run16" not in name) < 0.13
+    assert max(v for (name, p, _), v in got.items() if p and "run16" not in name) < 0.135
 
 
 RUN_FP8 = RUN.parent / "h200-vllm0.24-fp8"
@@ -1056,32 +1057,38 @@ def test_real_weight_acceptance_on_the_h200_is_the_cpu_builds():
     assert _al_gap(gpu, cpu, "draft_model")[0] < 0.005  # the model drafting for itself accepts nearly every draft
 
 
-def test_real_weight_closed_loop_on_the_h200_prices_partly_drafting_steps_as_uniform():
+def test_real_weight_closed_loop_on_the_h200_charges_the_steps_that_draft_in_part():
     """What the two measurements say against the calibration (both taken on one lease): the acceptance transferred to
-    held-out prompts, the n-gram step did not. Steps in which not every sequence drafts k tokens run vLLM's piecewise
-    CUDA graphs, host-bound on a 135M model; the cost model prices them as a uniform verify of the mean width."""
+    held-out prompts; the n-gram step needs its ragged price. A step in which not every sequence drafts k tokens runs
+    vLLM's piecewise CUDA graphs, host-bound on a 135M model: the verify engine's mixed-width steps say so, and the
+    fit's floor (``ragged_step_s``) charges it. Priced as a uniform verify of the mean width, the closed loop missed
+    by 55.3 % and 57.1 %, every n-gram answer "calibrate" (docs/gpu-closed-loop.md, "Real weights")."""
     from benchmarks import closed_loop as cl
 
     records = _jsonl(SMOLLM2 / "calibration-records.jsonl")
-    runs = [cl.compare(cl.workloads(), cl.pool_measurements(_jsonl(d / "measurements.jsonl")), records,
-                       gpu_name="H200-SXM")[0] for d in (SMOLLM2, SMOLLM2.with_name(SMOLLM2.name + "-remeasure"))]
-    first, second = runs
-    assert [round(cl.median_abs_error(r), 3) for r in runs] == [0.553, 0.571]
-    # the measurement repeats: a median 12.7 % apart
-    assert statistics.median(abs(a.measured_speedup / b.measured_speedup - 1) for a, b in zip(first, second)) < 0.13
-    for res in runs:
-        ngram = [r for r in res if r.method == "ngram"]
-        assert statistics.median(abs(r.predicted_al / r.measured_al - 1) for r in ngram) < 0.08
-        assert all(r.measured_speedup < r.predicted_speedup for r in res)  # every miss the same way
-        assert min(r.measured_tpot_ms_spec / r.predicted_tpot_ms_spec for r in ngram) > 1.35
-        # no verdict vLLM did not run: n-gram answered "calibrate", self-drafting "no-go" and measured < 1
-        assert {r.decision for r in ngram} == {"calibrate"}
-        assert all(r.measured_speedup < 1 for r in res if r.decision == "no-go")
-    assert sum(r.predicted_low <= r.measured_speedup <= r.predicted_high for r in first) == 7
-    assert sum(r.predicted_low <= r.measured_speedup <= r.predicted_high for r in second) == 9
+    runs = []
+    for d in (SMOLLM2, SMOLLM2.with_name(SMOLLM2.name + "-remeasure")):
+        results, fits = cl.compare(cl.workloads(), cl.pool_measurements(_jsonl(d / "measurements.jsonl")), records,
+                                   gpu_name="H200-SXM")
+        runs.append(results)
     steps = {(v["kind"], v["batch_size"], v["q"], v["temperature"]): v["step_s"]
              for r in records if r["probe"] == "step_time" and r["params"]["engine"]["label"] == "verify-k4"
              and (v := r["values"])}
     for b in (2, 8):  # half the batch drafting, or none of it, costs > 3x a uniform verify of every sequence
         assert steps["mixed", b, 5, 0.0] > 3 * steps["step", b, 5, 0.0]
         assert steps["step", b, 1, 0.0] > 3 * steps["step", b, 5, 0.0]
+    step_fit = next(f for f in fits if f["kind"] == "step_time")["params"]
+    assert step_fit["ragged_step_s"] == pytest.approx(0.0119, abs=0.0002)
+    first, second = runs
+    assert [round(cl.median_abs_error(r), 3) for r in runs] == [0.335, 0.398]
+    # the measurement repeats: a median 12.7 % apart
+    assert statistics.median(abs(a.measured_speedup / b.measured_speedup - 1) for a, b in zip(first, second)) < 0.13
+    for res in runs:
+        ngram = [r for r in res if r.method == "ngram"]
+        assert statistics.median(abs(r.predicted_al / r.measured_al - 1) for r in ngram) < 0.08
+        assert all(r.predicted_low <= r.measured_speedup <= r.predicted_high for r in res)
+        # the verdicts vLLM ran: "no-go" where speculation lost, "calibrate" for rag-b1 (measured 1.01x and 0.93x)
+        assert all(r.measured_speedup < 1 for r in res if r.decision == "no-go")
+        assert [r.name for r in res if r.decision != "no-go"] == ["rag-b1"]
+    assert sum((r.predicted_speedup > 1) == (r.measured_speedup > 1) for r in first) == 8
+    assert sum((r.predicted_speedup > 1) == (r.measured_speedup > 1) for r in second) == 9
