@@ -95,3 +95,30 @@ def test_two_piece_proposer_draws_are_one_sided_around_the_point_estimate():
     assert np.array_equal(split[1:][up], symmetric[1:][up])  # the slow side as before
     assert np.quantile(ln, 0.05) > -0.1 * 1.8 and np.quantile(ln, 0.95) > 0.5 * 1.5
     assert np.allclose(np.log(symmetric[1:]), 0.5 * z[1:, 1])
+
+
+def test_a_step_in_which_not_every_sequence_drafts_costs_at_least_the_ragged_floor(gpus, models):
+    """``ragged_step_s`` (CUDA-graph engines): a copy drafter's cycle is uniform with probability f^B; every other
+    step costs max(its uniform price, the floor). Without a floor, or when every sequence drafts, nothing changes."""
+    from advisor.costmodel.speculation import CycleSetup, evaluate_grid
+    from advisor.costmodel.steptime import default_prefill_params, default_step_time_params, forward_cost
+
+    gpu = gpus["H200-SXM"]
+    cost, pre = forward_cost(gpu, models["llama-3.1-8b-instruct"]), default_prefill_params(gpu)
+    plain = default_step_time_params(gpu)
+
+    def cycle_s(floor: float, f: float, b: int) -> float:
+        params = dataclasses.replace(plain, ragged_step_s=floor)
+        setup = CycleSetup(method="ngram", target=cost, draft=None, target_step=params, draft_step=params,
+                           target_prefill=pre, draft_prefill=pre, prompt_tokens=128, output_tokens=1)
+        grid = evaluate_grid(setup, np.array([float(b)]), np.array([3]), np.full((1, 3), 0.7), np.array([f]),
+                             StepSamples.point(params))
+        return float(grid.cycle_s[0, 0, 0])
+
+    uniform = cycle_s(0.0, 0.5, 8)
+    assert cycle_s(0.05, 1.0, 8) == cycle_s(0.0, 1.0, 8)  # every sequence drafts: a full graph
+    ragged = cycle_s(0.05, 0.5, 8)
+    assert ragged > (1 - 0.5 ** 8) * 0.05 > uniform
+    host = uniform - 8 * (10e-6 + plain.per_sequence_overhead_s)  # the cycle less its per-sequence host terms
+    assert ragged == pytest.approx(uniform + (1 - 0.5 ** 8) * (0.05 - host), rel=1e-9)
+    assert cycle_s(uniform / 2, 0.5, 8) == uniform  # a floor below the uniform price changes nothing
