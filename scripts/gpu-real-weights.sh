@@ -4,8 +4,8 @@
 # by the product's own `python -m calibration.models --gguf`, then `benchmarks/closed_loop.py --gpu H200-SXM` runs
 # the CPU closed loop's probe plan (acceptance per structure and temperature on calibration/prompts, timing) and
 # its held-out workloads on the GPU, with the plan's GPU defaults (CUDA graphs, engines in their own processes).
-# Usage: scripts/gpu-real-weights.sh [SECONDS] [closed_loop args...]; CL_ARGS="--records W/calibration-records.jsonl"
-# resumes after a calibration (the workdir's records are kept between calls on a warm machine).
+# Usage: scripts/gpu-real-weights.sh [SECONDS] [closed_loop args...]; `--records FILE` (a copy of an earlier call's
+# W/calibration-records.jsonl, kept between calls on a warm machine) measures without calibrating again.
 set -u
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
