@@ -186,6 +186,7 @@ class _StepClock:
         self.ar0 = 2 * c.num_layers * ALLREDUCE_LATENCY_S if g > 1 else 0.0
         self.ar1 = 2 * c.num_layers * 2 * (g - 1) / g * c.hidden_size * 2 / c.interconnect_bytes_per_s if g > 1 else 0.0
         self.q = 1.0 + self.f * self.k  # tokens per decoding sequence in a step (verify: 1 + f·k)
+        self.ragged = s.ragged_step_s if spec else 0.0  # host-bound floor of a step not every sequence drafted in
         self.kv = c.kv_bytes_per_ctx_token
         self.flops, self.attn = c.flops_per_token, c.attn_flops_per_token_per_ctx
         self.inv_p = 1.0 / self.p
@@ -227,6 +228,8 @@ class _StepClock:
             t += s.verify_overhead_s + decodes * s.per_sequence_overhead_s
             if self.hot:  # rejection sampling at T > 0 (steptime.rejection_sampling_s)
                 t += s.rejection_sampling_s_per_seq * decodes + s.rejection_sampling_s_per_draft * decodes * self.f * self.k
+            if self.ragged:  # as speculation.evaluate_grid: uniform (a full CUDA graph) with probability f^B
+                t += (1.0 - self.f ** decodes) * max(self.ragged - t, 0.0)
             t += self._drafter_s(decodes, ctx_sum / decodes)
         if prefill_tokens and self.draft is not None:  # the drafter prefills the prompt chunks too (compute)
             d = self.draft

@@ -165,3 +165,19 @@ def test_a_front_end_on_shared_cores_delays_admission_and_slows_each_step(h100_8
     # alone: the prompt's step pays the per-step cost, the decode steps the per-step and one sequence's
     assert served.ttft_s == pytest.approx(bare.ttft_s + 0.05 + 0.002, rel=1e-6)
     assert served.tpot_s == pytest.approx(bare.tpot_s + 0.003, rel=1e-3)
+
+
+def test_steps_that_not_every_sequence_drafts_in_cost_at_least_the_ragged_floor(h100_8b):
+    """A calibrated ``ragged_step_s`` (CUDA-graph engines) as ``speculation.evaluate_grid`` charges it: one request
+    at a time that drafts half its steps pays the floor in half of them; drafting every step, never."""
+    model, _, _ = h100_8b
+    traffic = Traffic(prompt_tokens=128, output_tokens=65, arrival_s=[0.0, 100.0])
+    floor = 0.05
+    ragged = dataclasses.replace(model, step=dataclasses.replace(model.step, ragged_step_s=floor))
+
+    def tpot(m, f):
+        return float(np.mean(simulate(m, EngineLimits(500_000), traffic, SpecDecode("ngram", 3, (0.0,) * 3, f)).tpot_s))
+
+    assert tpot(ragged, 1.0) == tpot(model, 1.0)
+    plain, charged = tpot(model, 0.5), tpot(ragged, 0.5)
+    assert charged == pytest.approx(plain + 0.5 * (floor - plain), rel=0.02)  # no accepted drafts: a step a token
