@@ -221,15 +221,16 @@ def _spec_method(r: Record) -> str | None:
 
 
 def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None = None,
-                models: dict[str, ModelSpec] | None = None) -> list[StepPoint]:
-    """Step-time records -> points. Records of ``model_path`` (or of any path not in ``models``) are ``model``'s;
-    ``models`` maps other checkpoints' paths to their specs (joint fit). A draft-model engine's records are spec
-    cycles; its drafter is the target itself when the draft path is the target's ("self")."""
+                models: dict[str, ModelSpec] | None = None, kinds: Sequence[str] = ("step", "cycle")) -> list[StepPoint]:
+    """Step-time records of these ``kinds`` -> points. Records of ``model_path`` (or of any path not in ``models``)
+    are ``model``'s; ``models`` maps other checkpoints' paths to their specs (joint fit). A draft-model engine's
+    records are spec cycles; its drafter is the target itself when the draft path is the target's ("self"). The
+    uniform fit leaves out steps in which only some sequences draft: "mixed" and "text_cycle" (:func:`ragged_points`)."""
     models = models or {}
     out = []
     for r in _records(records, "step_time"):
         v = r.values
-        if not v.get("step_s") or v["step_s"] <= 0 or v.get("kind") == "mixed":  # mixed widths: not a uniform step
+        if not v.get("step_s") or v["step_s"] <= 0 or v.get("kind", "step") not in kinds:
             continue
         path = r.engine.get("model")
         if path in models:
@@ -380,8 +381,13 @@ def fit_step_time(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, weight
 
 
 def ragged_points(records: Iterable[Any], model: ModelSpec, model_path: str | None = None) -> list[StepPoint]:
-    """The verify engine's mixed-width steps (``kind == "mixed"``: half the batch verifying k drafts, half none;
-    timed on graph engines only, ``ProbeConfig.mixed_width_batch_sizes``) as steps of the mean width."""
+    """The steps that time ``ragged_step_s``, timed on graph engines only: a copy drafter's whole cycles on text
+    (``kind == "text_cycle"``, ``ProbeConfig.text_cycle_batch_sizes``: the engine that serves such steps) where the
+    run has them, else the verify engine's mixed-width steps (``kind == "mixed"``: half the batch verifying k
+    drafts, half none; ``ProbeConfig.mixed_width_batch_sizes``) as steps of the mean width."""
+    text = step_points(records, model, model_path, kinds=("text_cycle",))
+    if text:
+        return text
     out = []
     for r in _records(records, "step_time", model_path):
         v = r.values
@@ -396,19 +402,29 @@ def ragged_points(records: Iterable[Any], model: ModelSpec, model_path: str | No
 
 def fit_ragged_step_s(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTimeParams,
                       weights_dtype: str = "bf16") -> float:
-    """``ragged_step_s``: the host-bound floor F of a step that is not uniform, such that max(the fitted uniform step
-    of the mean width, F) meets the mixed-width steps in least squares of log(measured / predicted)."""
+    """``ragged_step_s``: the host-bound floor F of a step that is not uniform, in least squares of
+    log(measured / predicted) over :func:`ragged_points`: whole cycles on text as the cost model prices them with F
+    (``evaluate_grid``: max(uniform, F) on the share 1 − f^B of steps), mixed-width steps as max(the fitted uniform
+    step of the mean width, F)."""
     from scipy.optimize import minimize_scalar
 
     t = np.array([p.seconds for p in points])
     uniform = predict_points(points, gpu, params, weights_dtype)
     if np.all(t <= uniform):
         return 0.0
+    cycles = [p.kind == "cycle" for p in points]
+
+    def predicted(floor: float) -> np.ndarray:
+        if not any(cycles):
+            return np.maximum(uniform, floor)
+        return predict_points(points, gpu, dataclasses.replace(params, ragged_step_s=floor), weights_dtype)
 
     def loss(floor: float) -> float:
-        return float(np.sum(np.log(t / np.maximum(uniform, floor)) ** 2))
+        return float(np.sum(np.log(t / predicted(floor)) ** 2))
 
-    return float(minimize_scalar(loss, bounds=(float(uniform.min()), float(t.max())), method="bounded").x)
+    low = 0.0 if any(cycles) else float(uniform.min())
+    best = float(minimize_scalar(loss, bounds=(low, float(t.max())), method="bounded").x)
+    return best if loss(best) < loss(low) * (1.0 - 1e-9) else 0.0  # no floor where none explains the steps better
 
 
 OVERHEAD_LOG_STD_FIELDS = {"verify_overhead_s": "verify_overhead_log_std",

@@ -315,6 +315,14 @@ class ProbeConfig:
     # engine start). Recorded as kind "mixed", left out of the step fit, stated on the run's page. None: B = 2 and 8
     # (up to the largest batch probed) where the engine runs CUDA graphs (GPUs), none in eager mode (the CPU build)
     mixed_width_batch_sizes: tuple[int, ...] | None = None
+    # Whole cycles of a copy drafter (n-gram, suffix) on the probe prompts' text, at these B (its acceptance engine,
+    # temperature 0): real text drafts on some steps only, and vLLM replays a full CUDA graph only when every
+    # sequence of the batch drafted, so these time the steps the cost model prices with ``ragged_step_s`` in the
+    # engine that serves them (H200, SmolLM2: the verify engine's mixed steps read that floor ~30 % above the
+    # n-gram engine's own, whose proposer costs the host less than the free one). Recorded as kind "text_cycle";
+    # needs text prompts (the acceptance probe) and real weights. None: B = 1, 4 and 8 (up to the largest batch
+    # probed) where the engine runs CUDA graphs (GPUs), none in eager mode (the CPU build)
+    text_cycle_batch_sizes: tuple[int, ...] | None = None
     prompt_lengths: tuple[int, ...] = (64, 256, 1024)
     prefill_batch_sizes: tuple[int, ...] = (1, 4)
     max_prefill_tokens: int = 8192  # prefill probes skip B·P above this
@@ -362,6 +370,7 @@ class ProbeConfig:
             on_gpu = platform_is_gpu()
         long_step = "timing" in self.probes and bool(self.long_context_len)
         largest = max([*self.batch_sizes, *(self.cycle_batch_sizes or ()), *self.prefill_batch_sizes,
+                       *(self.text_cycle_batch_sizes or ()),
                        self.prompts_per_probe if "acceptance" in self.probes else 1,
                        self.long_context_batch if long_step else 1])
         longest = max([self.context_len, *self.prompt_lengths, self.long_context_len if long_step else 0]) \
@@ -386,6 +395,8 @@ class ProbeConfig:
             cycle_decode_tokens=self.cycle_decode_tokens or (128 if on_gpu else None),
             mixed_width_batch_sizes=self.mixed_width_batch_sizes if self.mixed_width_batch_sizes is not None
             else () if eager else tuple(b for b in (2, 8) if b <= max(self.batch_sizes)),
+            text_cycle_batch_sizes=self.text_cycle_batch_sizes if self.text_cycle_batch_sizes is not None
+            else () if eager else tuple(b for b in (1, 4, 8) if b <= max(self.batch_sizes)),
         )
 
     def engine_settings(self, model: str) -> dict:
@@ -800,7 +811,8 @@ def _engine_decode_s(outs) -> float | None:
 
 def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig, engine: dict, env: dict,
                       rng: random.Random, temperature: float = 0.0, kind: str = "step",
-                      width_marker: int | None = None, repetitive: bool = False) -> StepTiming:
+                      width_marker: int | None = None, repetitive: bool = False,
+                      texts: list[str] | None = None) -> StepTiming:
     """Seconds per decode step (verify step, whole speculative cycle) of a co-scheduled batch, repeated until the
     spread is known. Two clocks (``cfg.step_clock``):
 
@@ -813,7 +825,10 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
 
     Steps per sequence = tokens after the first - accepted drafts per sequence (a cycle yields 1 + accepted), so
     the same formula times decode steps, verify steps and whole speculative cycles. vLLM's iteration histogram
-    says how many engine steps the batch took: about N + 1 when the batch was really co-scheduled."""
+    says how many engine steps the batch took: about N + 1 when the batch was really co-scheduled.
+
+    ``texts`` (B prompts) replaces the random token prompts with text, the same in every repeat (a copy drafter's
+    cycles on real text: :func:`text_batch`); ``context_len`` is then their mean token count."""
     clock = cfg.step_clock or "wall"
     n = cfg.decode_tokens
     if clock == "engine" and kind == "step" and batch_size >= LARGE_BATCH and cfg.large_batch_decode_tokens:
@@ -824,7 +839,9 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     detok = not cfg.skip_tokenizer_init
     short, many = _sampling(temperature, n_short + 1, cfg.seed, detok), _sampling(temperature, n + 1, cfg.seed, detok)
 
-    def prompts():  # fresh each call: the wall clock's generations must not hit the prefix cache
+    def prompts():  # fresh each call: the wall clock's generations must not hit the prefix cache (text: the same)
+        if texts is not None:
+            return list(texts)
         return _random_prompts(batch_size, cfg.context_len, rng, first=width_marker, repetitive=repetitive)
 
     fixed = prompts() if clock == "engine" else None  # the engine clock's, for every repeat
@@ -861,8 +878,11 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     for r in results:
         tot = tot + r[2]
     runs = len(results)
+    context = cfg.context_len
+    if texts is not None:
+        context = round(statistics.fmean(len(o.prompt_token_ids or ()) for o in warm))
     return StepTiming(
-        probe="step_time", label=label, batch_size=batch_size, q=q, context_len=cfg.context_len,
+        probe="step_time", label=label, batch_size=batch_size, q=q, context_len=context,
         steps=statistics.median(r[1] for r in results), step_s=statistics.median(samples),
         step_s_samples=[round(s, 7) for s in samples], accepted_tokens=tot.num_accepted_tokens,
         temperature=float(temperature), kind=kind, relative_spread=round(_spread(samples), 4),
@@ -897,6 +917,16 @@ def format_prompts(llm, prompts: list[str], chat: bool) -> list[str]:
         tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         for p in prompts
     ]
+
+
+def text_batch(llm, prompts: dict[str, list[str]], batch_size: int, cfg: ProbeConfig) -> list[str]:
+    """``batch_size`` probe prompts, taken from the structures in turn (the first of each, then the second, ...),
+    formatted as the acceptance probe formats them."""
+    sets = [prompts[s][: cfg.prompts_per_probe] for s in sorted(prompts) if prompts[s]]
+    pool = [p for i in range(max(map(len, sets), default=0)) for p in (s[i] for s in sets if i < len(s))]
+    if len(pool) < batch_size:
+        raise ValueError(f"text cycles at B={batch_size} need {batch_size} prompts, the probe set has {len(pool)}")
+    return format_prompts(llm, pool[:batch_size], cfg.chat)
 
 
 def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: float, prompts: list[str],
@@ -943,7 +973,8 @@ class EnginePlan:
     """One engine of the probe plan and what it measures. Tasks: ``("step", B, width, T)`` (q = width + 1; a
     width > 0 in a ``verify`` engine drafts that many always-rejected tokens), ``("cycle", B, T)`` (whole cycles
     of the engine's drafter), ``("long_step", B, context)`` (a decode step at a long context), ``("prefill", P, B)``,
-    ``("accept", structure, T)``, ``("mixed_step", B, width)`` (half the batch drafts ``width``, half nothing)."""
+    ``("accept", structure, T)``, ``("mixed_step", B, width)`` (half the batch drafts ``width``, half nothing),
+    ``("text_cycle", B, T)`` (a copy drafter's whole cycles on the probe prompts' text)."""
 
     label: str
     model: str
@@ -968,7 +999,9 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
     4. per drafter: whole speculative cycles over ``cycle_batch_sizes`` (the drafter's own cost: draft model,
        EAGLE head, n-gram lookup), at the synthetic acceptance when one is set; then its acceptance per
        (structure, temperature) on the probe prompts, in its own engine when the cycles ran synthetic; model
-       drafters also cycles at ``second_cycle_k`` (optional; how a cycle scales with k).
+       drafters also cycles at ``second_cycle_k`` (optional; how a cycle scales with k); copy drafters also
+       whole cycles on the probe prompts' text (``text_cycle_batch_sizes``: steps in which only some sequences
+       draft), in the acceptance engine.
     ``cfg`` must be :meth:`ProbeConfig.resolved`.
     """
     prompts = prompts or {}
@@ -1018,6 +1051,8 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
             plan.append(EnginePlan(f"{d.name()}-synthetic{cfg.synthetic_acceptance:g}", model,
                                    d.speculative_config(model, rates), cycles, d.name()))
             cycles = []
+        if timing and accept and d.method in ("ngram", "suffix"):  # with the acceptance: real text, real weights
+            accept = [("text_cycle", b, 0.0) for b in cfg.text_cycle_batch_sizes or ()] + accept
         if cycles or accept or (not timing and "memory" in want):
             plan.append(EnginePlan(d.name(), model, d.speculative_config(model), cycles + accept, d.name()))
         if timing and cfg.second_cycle_k and cfg.second_cycle_k != d.k and d.method not in ("ngram", "suffix"):
@@ -1076,6 +1111,14 @@ def run_task(llm, item: EnginePlan, task: tuple, cfg: ProbeConfig, engine: dict,
                               width_marker=(width_marker(w), width_marker(0)))
         emit(m)
         tick(f"{item.label}: B={b} half q={w + 1}, half q=1: step {m.step_s * 1e3:.2f} ms")
+    elif task[0] == "text_cycle":  # a copy drafter's whole cycles on the probe prompts' text
+        _, b, t = task
+        k = int(spec["num_speculative_tokens"])
+        m = measure_step_time(llm, item.label, b, k + 1, cfg, engine, env, rng, temperature=t, kind="text_cycle",
+                              texts=text_batch(llm, prompts, b, cfg))
+        emit(m)
+        drafted = m.num_drafts / max(m.steps * b * len(m.step_s_samples), 1.0)
+        tick(f"{item.label}: B={b} on text: cycle {m.step_s * 1e3:.2f} ms, {drafted:.0%} of steps drafted")
     elif task[0] == "long_step":
         _, b, context = task
         m = measure_step_time(llm, item.label, b, 1, dataclasses.replace(cfg, context_len=context), engine, env, rng)
@@ -1131,7 +1174,7 @@ def warm_up(llm, item: EnginePlan, cfg: ProbeConfig, rng: random.Random) -> None
     speculative step, the first sampled step and the first large batch compile kernels (Triton JIT of the
     rejection and top-k/top-p samplers: seconds on an H200), which an engine held until its turn does while the
     others still start, instead of inside its first probe."""
-    timing = [t for t in item.tasks if t[0] in ("step", "cycle")]
+    timing = [t for t in item.tasks if t[0] in ("step", "cycle", "text_cycle")]
     if not timing:
         return
     temps = sorted({float(t[-1]) for t in timing})

@@ -1,9 +1,8 @@
 """What a calibration run found, in words and in plots, from its stored measurement records.
 
 Records are ``{"probe", "params": {"engine": {label, speculative_config, ...}}, "values": {...}}`` as
-``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"/"mixed"), ``batch_size``,
-``q``,
-``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values ``prompt_len``,
+``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"/"mixed"/"text_cycle"),
+``batch_size``, ``q``, ``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values ``prompt_len``,
 ``batch_size``, ``prefill_s``; memory values ``kv_cache_tokens``. A later record of the same cell replaces an
 earlier one (a redo of part of the plan appends its records).
 """
@@ -69,6 +68,8 @@ def _step_cells(recs: list[Record]) -> dict[tuple[str, str, int, float, int], fl
 def _series_name(role: str, kind: str, q: int, temperature: float) -> str:
     if kind == "mixed":
         name = f"half verify k={q - 1}, half no drafts"
+    elif kind == "text_cycle":
+        name = f"{role} cycle on text (k={q - 1})"
     elif role == "decode":
         name = "decode (q=1)"
     elif role == "verify":
@@ -126,6 +127,20 @@ def prefill_series(measurements: list[dict[str, Any]]) -> list[Series]:
     return list(by_batch.values())
 
 
+def _drafted_share(recs: list[Record], role: str, q: int, batch: int) -> float | None:
+    """Drafts per sequence step of the last text-cycle record of (role, q, batch): vLLM's num_drafts over the
+    timed repeats' B · steps."""
+    share = None
+    for r in recs:
+        v = r.values
+        if (r.probe == "step_time" and v.get("kind") == "text_cycle" and _engine_role(r) == role
+                and v.get("q") == q and v.get("batch_size") == batch and is_number(v.get("steps"))
+                and is_number(v.get("num_drafts"))):
+            runs = max(len(v.get("step_s_samples") or ()), 1)
+            share = min(1.0, float(v["num_drafts"]) / max(float(v["steps"]) * batch * runs, 1.0))
+    return share
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
@@ -155,6 +170,16 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
                        "a full graph only for a uniform batch, so a copy drafter (n-gram) that finds a match for "
                        "some sequences only gains less at small batches: the fit prices such steps at no less than "
                        "a floor fitted to these (ragged_step_s).")
+    text = [(b, role, q, s) for (role, kind, q, t, b), s in cells.items()
+            if kind == "text_cycle" and (role, "cycle", q, t, b) in cells]
+    if text:
+        b, role, q, s = max(text)
+        full = cells[(role, "cycle", q, 0.0, b)]
+        drafted = _drafted_share(recs, role, q, b)
+        share = f"; {drafted:.0%} of the sequences' steps drafted" if drafted is not None else ""
+        out.append(f"On the probe prompts' text a {role} cycle (k={q - 1}) at B={b} costs {s / full:.2f}× one in "
+                   f"which every sequence drafts ({_ms(s)} vs {_ms(full)}){share}. A step is uniform only when every "
+                   "sequence drafted: the fit takes the floor of the others from these cycles (ragged_step_s).")
     for (role, kind, q, t, b), s in sorted(cells.items()):
         if kind == "cycle" and t == 0.0 and b == 1 and b in decode:
             what = "draft-model" if role == "draft_model" else role.replace("_", " ")

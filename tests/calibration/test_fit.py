@@ -459,3 +459,38 @@ def test_a_drafter_on_another_engine_path_is_fitted_on_its_own_engine():
     assert fit.engine_path_records(draft_model, "draft_model") is None  # one path: the verify probes are its own
     unrecorded = [memory(label, method, None) for label, method, _ in engines]
     assert fit.engine_path_records(unrecorded, "eagle") is None
+
+
+def test_the_ragged_floor_is_fitted_to_a_copy_drafters_cycles_on_text(cpu, smollm):
+    """``ragged_step_s`` from whole n-gram cycles on text (kind "text_cycle", a share f of the sequences' steps
+    drafted) as the cost model prices them: max(uniform, floor) on the share 1 − f^B of steps. Given both, the fit
+    takes the text cycles (the engine that serves such steps) over the verify engine's mixed-width steps, whose free
+    proposer costs the host more (H200, SmolLM2: ~30 % above the n-gram engine's own)."""
+    true = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    floor, mixed_floor, fraction, k = 0.05, 0.065, 0.3, 3
+    recs = _step_records(cpu, smollm, true, contexts=(64,), batches=(1, 2, 4, 8))
+    spec = {"method": "ngram", "num_speculative_tokens": k}
+    points = [fit.StepPoint("cycle", smollm, None, b, k + 1.0, k, 80.0, 0.0, method="ngram", draft_fraction=fraction)
+              for b in (1, 4, 8)]
+    cycles = fit.predict_points(points, cpu, dataclasses.replace(true, ragged_step_s=floor))
+    assert np.all(cycles > fit.predict_points(points, cpu, true))  # the floor is above these uniform steps
+    for p, t in zip(points, cycles):
+        steps = 2 * (80.0 - 65.0)  # context = prompt + 1 + steps / 2, no draft accepted
+        recs.append({"probe": "step_time", "params": {"engine": {"model": "/m", "speculative_config": spec}},
+                     "values": {"label": "ngram-k3", "kind": "text_cycle", "batch_size": int(p.batch), "q": k + 1,
+                                "context_len": 64, "steps": steps, "step_s": float(t), "accepted_tokens": 0,
+                                "num_drafts": round(fraction * p.batch * steps)}})
+    mixed = {"probe": "step_time", "params": {"engine": {"model": "/m", "speculative_config": {
+        "method": "custom_class", "num_speculative_tokens": 4}}},
+        "values": {"label": "verify-k4", "kind": "mixed", "batch_size": 8, "q": 5, "context_len": 64, "steps": 32,
+                   "step_s": mixed_floor}}
+    r = fit_step_time(recs + [mixed], cpu, smollm, priors=False, model_path="/m")
+    for name, value in TRUE_STEP.items():  # the uniform fit is not disturbed by the steps that draft in part
+        assert getattr(r.params, name) == pytest.approx(value, rel=0.02), name
+    assert r.params.ragged_step_s == pytest.approx(floor, rel=0.01)
+    only_mixed = fit_step_time([x for x in recs if x["values"].get("kind") != "text_cycle"] + [mixed], cpu, smollm,
+                               priors=False, model_path="/m")
+    assert only_mixed.params.ragged_step_s == pytest.approx(mixed_floor, rel=0.01)
+    below = [dict(x, values=dict(x["values"], step_s=float(u))) if x["values"].get("kind") == "text_cycle" else x
+             for x, u in zip(recs, [None] * (len(recs) - 3) + list(fit.predict_points(points, cpu, true)))]
+    assert fit_step_time(below, cpu, smollm, priors=False, model_path="/m").params.ragged_step_s == 0.0

@@ -517,3 +517,60 @@ def test_a_mixed_step_drafts_for_half_the_batch_and_stays_out_of_the_fit(monkeyp
     from benchmarks.gpu_closed_loop import catalog_row
 
     assert step_points([record], ModelSpec.from_dict(catalog_row("llama-3.1-8b-instruct"))) == []
+
+
+def test_a_copy_drafter_times_its_cycles_on_text_where_the_engine_runs_graphs(monkeypatch):
+    """Text cycles (``ProbeConfig.text_cycle_batch_sizes``): on a graph engine, the n-gram engine that measures the
+    acceptance also times whole cycles on the probe prompts' text at B = 1, 4 and 8, the structures' prompts in turn,
+    the same prompts in every repeat. The record (kind "text_cycle") stays out of the uniform fit and is what
+    ``ragged_step_s`` is fitted to, as a cycle at the share of steps that drafted."""
+    import random
+    from types import SimpleNamespace
+
+    from advisor.costmodel.types import ModelSpec
+    from benchmarks.gpu_closed_loop import catalog_row
+    from calibration.fit import ragged_points, step_points
+    from calibration.runner import to_record
+
+    prompts = {"code": ["c0", "c1", "c2"], "json": ["j0", "j1"], "prose": ["p0", "p1", "p2"]}
+    cfg = probes.ProbeConfig(repeats=2, max_repeats=2, guard_contention=False, chat=False,
+                             drafters=(probes.DrafterSpec("ngram", 3), probes.DrafterSpec("draft_model", 3, "/d")))
+    plan = {e.label: e for e in probes.plan_engines(cfg.resolved(on_gpu=True), prompts)}
+    ngram = plan["ngram-k3"]
+    assert [t for t in ngram.tasks if t[0] == "text_cycle"] == [("text_cycle", b, 0.0) for b in (1, 4, 8)]
+    assert not any(t[0] == "text_cycle" for e in plan.values() if e is not ngram for t in e.tasks)
+    for no in (cfg.resolved(on_gpu=False), dataclasses.replace(cfg, probes=("timing",)).resolved(on_gpu=True)):
+        assert not any(t[0] == "text_cycle" for e in probes.plan_engines(no, prompts) for t in e.tasks)
+    assert cfg.resolved(on_gpu=False).text_cycle_batch_sizes == ()
+
+    seen, drafts = [], 6  # per timed generation: 6 of the 4 x 32 sequence steps drafted, 2 drafts accepted
+
+    class TextLLM:
+        def generate(self, batch, params, use_tqdm=False):
+            seen.append(list(batch))
+            n = params.max_tokens
+            return [SimpleNamespace(prompt_token_ids=list(range(10 + 2 * i)),
+                                    outputs=[SimpleNamespace(token_ids=list(range(n)))],
+                                    metrics=SimpleNamespace(first_token_ts=1.0, last_token_ts=1.0 + 0.01 * (n - 1)))
+                    for i, _ in enumerate(batch)]
+
+    counts = iter(range(0, 1000, drafts))
+    monkeypatch.setattr(probes, "read_spec_counters",
+                        lambda llm: SpecCounters(num_drafts=(c := next(counts)), num_draft_tokens=3 * c,
+                                                 num_accepted_tokens=c // 3, accepted_per_pos=[0, 0, 0]))
+    run_cfg = cfg.resolved(on_gpu=True)
+    out = []
+    engine = {"model": "/m", "speculative_config": ngram.speculative_config}
+    probes.run_task(TextLLM(), ngram, ("text_cycle", 4, 0.0), run_cfg, engine, {}, prompts, out.append,
+                    lambda msg: None, random.Random(0))
+    assert seen[0] == seen[-1] == ["c0", "j0", "p0", "c1"] and len(seen) == 3  # warm-up, two repeats
+    (m,) = out
+    assert (m.kind, m.batch_size, m.q, m.context_len) == ("text_cycle", 4, 4, 13)
+    record = to_record(m)
+    model = ModelSpec.from_dict(catalog_row("llama-3.1-8b-instruct"))
+    assert step_points([record], model) == []
+    (point,) = ragged_points([record], model)
+    assert point.kind == "cycle" and point.method == "ngram" and point.batch == 4
+    assert point.draft_fraction == pytest.approx(2 * drafts / (2 * 4 * m.steps))
+    with pytest.raises(ValueError, match="need 9 prompts"):
+        probes.text_batch(TextLLM(), prompts, 9, run_cfg)

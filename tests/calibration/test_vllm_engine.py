@@ -81,3 +81,21 @@ def test_step_time_on_the_engine_clock(self_draft_engine):
     e.llm.generate(_random_prompts(2, cfg.context_len, random.Random(2)), _sampling(0.0, 17, 0), use_tqdm=False)
     wall_s = time.perf_counter() - t0
     assert m.step_s * m.steps < wall_s, (m.step_s_samples, m.steps, wall_s)
+
+
+def test_whole_cycles_on_text_through_vllm(self_draft_engine):
+    """The text-cycle probe (a copy drafter's steps that draft in part, GPUs) through vLLM: the chat-formatted probe
+    prompts, the same in every repeat, on the engine clock; the record's context is their token count."""
+    from calibration.probes import EnginePlan, environment_info, run_task
+
+    e = self_draft_engine
+    cfg = dataclasses.replace(e.config, step_clock="engine", cycle_decode_tokens=16, repeats=2, max_repeats=2)
+    item = EnginePlan("self-k4", e.engine["model"], e.engine["speculative_config"], drafter=e.drafter.name())
+    out = []
+    run_task(e.llm, item, ("text_cycle", 2, 0.0), cfg, e.engine, environment_info(), {"code": CODE_PROMPTS},
+             out.append, lambda msg: None, random.Random(0))
+    (m,) = out
+    tokens = e.llm.get_tokenizer()(e.llm.get_tokenizer().apply_chat_template(
+        [{"role": "user", "content": CODE_PROMPTS[0]}], tokenize=False, add_generation_prompt=True))["input_ids"]
+    assert m.kind == "text_cycle" and m.clock == "engine" and len(m.step_s_samples) == 2
+    assert abs(m.context_len - len(tokens)) < 12 and m.num_drafts > 0 and m.step_s > 0
