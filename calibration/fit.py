@@ -221,11 +221,13 @@ def _spec_method(r: Record) -> str | None:
 
 
 def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None = None,
-                models: dict[str, ModelSpec] | None = None, kinds: Sequence[str] = ("step", "cycle")) -> list[StepPoint]:
+                models: dict[str, ModelSpec] | None = None,
+                kinds: Sequence[str] = ("step", "cycle")) -> list[StepPoint]:
     """Step-time records of these ``kinds`` -> points. Records of ``model_path`` (or of any path not in ``models``)
     are ``model``'s; ``models`` maps other checkpoints' paths to their specs (joint fit). A draft-model engine's
     records are spec cycles; its drafter is the target itself when the draft path is the target's ("self"). The
-    uniform fit leaves out steps in which only some sequences draft: "mixed" and "text_cycle" (:func:`ragged_points`)."""
+    uniform fit leaves out steps in which only some sequences draft: "mixed" and "text_cycle"
+    (:func:`ragged_points`)."""
     models = models or {}
     out = []
     for r in _records(records, "step_time"):

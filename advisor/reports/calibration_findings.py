@@ -2,9 +2,9 @@
 
 Records are ``{"probe", "params": {"engine": {label, speculative_config, ...}}, "values": {...}}`` as
 ``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"/"mixed"/"text_cycle"),
-``batch_size``, ``q``, ``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values ``prompt_len``,
-``batch_size``, ``prefill_s``; memory values ``kv_cache_tokens``. A later record of the same cell replaces an
-earlier one (a redo of part of the plan appends its records).
+``batch_size``, ``q``, ``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values
+``prompt_len``, ``batch_size``, ``prefill_s``; memory values ``kv_cache_tokens``. A later record of the same cell
+replaces an earlier one (a redo of part of the plan appends its records).
 """
 
 from __future__ import annotations
@@ -171,15 +171,16 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
                        "some sequences only gains less at small batches: the fit prices such steps at no less than "
                        "a floor fitted to these (ragged_step_s).")
     text = [(b, role, q, s) for (role, kind, q, t, b), s in cells.items()
-            if kind == "text_cycle" and (role, "cycle", q, t, b) in cells]
+            if kind == "text_cycle" and ("verify", "step", q, t, b) in cells]
     if text:
         b, role, q, s = max(text)
-        full = cells[(role, "cycle", q, 0.0, b)]
+        full = cells[("verify", "step", q, 0.0, b)]
         drafted = _drafted_share(recs, role, q, b)
         share = f"; {drafted:.0%} of the sequences' steps drafted" if drafted is not None else ""
-        out.append(f"On the probe prompts' text a {role} cycle (k={q - 1}) at B={b} costs {s / full:.2f}× one in "
-                   f"which every sequence drafts ({_ms(s)} vs {_ms(full)}){share}. A step is uniform only when every "
-                   "sequence drafted: the fit takes the floor of the others from these cycles (ragged_step_s).")
+        out.append(f"On the probe prompts' text, {role} cycles (k={q - 1}) at B={b} took {_ms(s)}, {s / full:.2f}× a "
+                   f"uniform verify step of that width ({_ms(full)}){share}. A step replays a full CUDA graph only "
+                   "when every sequence drafted: the fit takes the floor of the others from these cycles "
+                   "(ragged_step_s).")
     for (role, kind, q, t, b), s in sorted(cells.items()):
         if kind == "cycle" and t == 0.0 and b == 1 and b in decode:
             what = "draft-model" if role == "draft_model" else role.replace("_", " ")
