@@ -542,6 +542,8 @@ def test_a_copy_drafter_times_its_cycles_on_text_where_the_engine_runs_graphs(mo
     for no in (cfg.resolved(on_gpu=False), dataclasses.replace(cfg, probes=("timing",)).resolved(on_gpu=True)):
         assert not any(t[0] == "text_cycle" for e in probes.plan_engines(no, prompts) for t in e.tasks)
     assert cfg.resolved(on_gpu=False).text_cycle_batch_sizes == ()
+    few = probes.plan_engines(cfg.resolved(on_gpu=True), {"code": ["c0", "c1"], "json": ["j0", "j1", "j2"]})
+    assert [t for e in few for t in e.tasks if t[0] == "text_cycle"] == [("text_cycle", b, 0.0) for b in (1, 4)]
 
     seen, drafts = [], 6  # per timed generation: 6 of the 4 x 32 sequence steps drafted, 2 drafts accepted
 
