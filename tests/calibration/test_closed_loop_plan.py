@@ -1,4 +1,6 @@
 """The CPU closed loop validates the product's probe plan on prompts the calibration has not seen."""
+import pytest
+
 from benchmarks import closed_loop
 from calibration.probes import load_prompts, plan_engines
 from calibration.runner import probe_config
@@ -74,6 +76,39 @@ def test_run_on_an_amx_host_meets_every_cpu_target():
     assert 1.0 < json_b3.predicted_speedup < 1.05 and json_b3.measured_speedup > 1.2
 
 
+def test_a_third_host_misses_only_json_b3s_sign_on_its_drafted_fraction():
+    """2026-12-04, an Intel Xeon with AMX, from a fresh clone: median 4.3 %, sign 8/9, interval 8/9. The one miss
+    is json-b3 at break-even ("calibrate": predicted 0.99x, measured 1.31x), as on the first host: its held-out
+    prompts draft on 44 % of steps against 22 % on the probe set. At the drafted fraction measured its speculative
+    TPOT comes out 10 % high instead of 27 %; the rest is its acceptance length (1.95 predicted, 2.24 measured)."""
+    import dataclasses
+    import json
+
+    from tests.conftest import REPO
+
+    data = REPO / "benchmarks" / "data"
+    load = lambda name: [json.loads(x) for x in (data / name).read_text().splitlines() if x.strip()]  # noqa: E731
+    records = load("closed_loop_2026-12-04-records.jsonl")
+    results, _ = closed_loop.compare(closed_loop.workloads(), load("closed_loop_2026-12-04-measurements.jsonl"),
+                                     records)
+    assert len(results) == 9 and round(100 * closed_loop.median_abs_error(results), 1) == 4.3
+    assert [r.name for r in results if (r.predicted_speedup > 1) != (r.measured_speedup > 1)] == ["json-b3"]
+    assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == ["json-b3"]
+    json_b3 = next(r for r in results if r.name == "json-b3")
+    assert json_b3.decision == "calibrate" and json_b3.predicted_draft_fraction < 0.6 * json_b3.measured_draft_fraction
+    gpu, target = closed_loop.load_catalog()
+    cal, _ = closed_loop.build_calibration(records, gpu, target)
+    case = next(c for c in closed_loop.workloads() if c.name == "json-b3")
+    acc = {k: dataclasses.replace(v, draft_fraction=json_b3.measured_draft_fraction, draft_fraction_logit=None)
+           for k, v in closed_loop._at_temperature(cal, case.temperature).acceptance.items()}
+    at_measured_f = closed_loop.predict_case(dataclasses.replace(case, output_tokens=json_b3.output_tokens),
+                                             json_b3.prompt_tokens, gpu, target,
+                                             dataclasses.replace(cal, acceptance=acc))
+    assert json_b3.predicted_tpot_ms_spec / json_b3.measured_tpot_ms_spec == pytest.approx(1.27, abs=0.01)
+    assert at_measured_f["tpot_spec"] / json_b3.measured_tpot_ms_spec == pytest.approx(1.10, abs=0.01)
+    assert (round(json_b3.predicted_al, 2), round(json_b3.measured_al, 2)) == (1.95, 2.24)
+
+
 def test_on_a_gpu_the_closed_loop_runs_the_same_plan_with_the_gpu_defaults():
     """``closed_loop.py --gpu``: the CPU loop's engines and acceptance cells, as a GPU node serves them."""
     cpu_cfg, cpu_plan = _plan()
@@ -83,4 +118,5 @@ def test_on_a_gpu_the_closed_loop_runs_the_same_plan_with_the_gpu_defaults():
     assert [t for t in plan[3].tasks if t[0] == "accept"] == [t for t in cpu_plan[3].tasks if t[0] == "accept"]
     assert not cfg.enforce_eager and cfg.isolate_engines and cfg.parallel_starts and cfg.step_clock == "engine"
     assert ("mixed_step", 8, 4) in plan[1].tasks and ("mixed_step", 8, 4) not in cpu_plan[1].tasks
+    assert ("text_cycle", 8, 0.0) in plan[3].tasks and not any(t[0] == "text_cycle" for t in cpu_plan[3].tasks)
     assert cpu_cfg.enforce_eager and cfg.kv_cache_space_gib is None
