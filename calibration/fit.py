@@ -414,17 +414,17 @@ def fit_ragged_step_s(points: Sequence[StepPoint], gpu: GpuSpec, params: StepTim
     uniform = predict_points(points, gpu, params, weights_dtype)
     if np.all(t <= uniform):
         return 0.0
-    cycles = [p.kind == "cycle" for p in points]
+    cycles = any(p.kind == "cycle" for p in points)
 
     def predicted(floor: float) -> np.ndarray:
-        if not any(cycles):
+        if not cycles:
             return np.maximum(uniform, floor)
         return predict_points(points, gpu, dataclasses.replace(params, ragged_step_s=floor), weights_dtype)
 
     def loss(floor: float) -> float:
         return float(np.sum(np.log(t / predicted(floor)) ** 2))
 
-    low = 0.0 if any(cycles) else float(uniform.min())
+    low = 0.0 if cycles else float(uniform.min())
     best = float(minimize_scalar(loss, bounds=(low, float(t.max())), method="bounded").x)
     return best if loss(best) < loss(low) * (1.0 - 1e-9) else 0.0  # no floor where none explains the steps better
 

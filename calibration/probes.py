@@ -920,11 +920,16 @@ def format_prompts(llm, prompts: list[str], chat: bool) -> list[str]:
     ]
 
 
-def text_batch(llm, prompts: dict[str, list[str]], batch_size: int, cfg: ProbeConfig) -> list[str]:
-    """``batch_size`` probe prompts, taken from the structures in turn (the first of each, then the second, ...),
-    formatted as the acceptance probe formats them."""
+def text_pool(prompts: dict[str, list[str]], cfg: ProbeConfig) -> list[str]:
+    """The probe prompts the acceptance cells use, taken from the structures in turn (the first of each, then the
+    second, ...): what text cycles draw their batches from."""
     sets = [prompts[s][: cfg.prompts_per_probe] for s in sorted(prompts) if prompts[s]]
-    pool = [p for i in range(max(map(len, sets), default=0)) for p in (s[i] for s in sets if i < len(s))]
+    return [p for i in range(max(map(len, sets), default=0)) for p in (s[i] for s in sets if i < len(s))]
+
+
+def text_batch(llm, prompts: dict[str, list[str]], batch_size: int, cfg: ProbeConfig) -> list[str]:
+    """The first ``batch_size`` prompts of :func:`text_pool`, formatted as the acceptance probe formats them."""
+    pool = text_pool(prompts, cfg)
     if len(pool) < batch_size:
         raise ValueError(f"text cycles at B={batch_size} need {batch_size} prompts, the probe set has {len(pool)}")
     return format_prompts(llm, pool[:batch_size], cfg.chat)
@@ -1053,7 +1058,7 @@ def plan_engines(cfg: ProbeConfig, prompts: dict[str, list[str]] | None = None) 
                                    d.speculative_config(model, rates), cycles, d.name()))
             cycles = []
         if timing and accept and d.method in ("ngram", "suffix"):  # with the acceptance: real text, real weights
-            texts = sum(min(len(prompts.get(s) or ()), cfg.prompts_per_probe) for s in cfg.structures)
+            texts = len(text_pool(prompts, cfg))
             accept = [("text_cycle", b, 0.0) for b in cfg.text_cycle_batch_sizes or () if b <= texts] + accept
         if cycles or accept or (not timing and "memory" in want):
             plan.append(EnginePlan(d.name(), model, d.speculative_config(model), cycles + accept, d.name()))
