@@ -11,7 +11,15 @@ engine clock, one sample per generation of ``--tokens`` tokens, under conditions
 ``threads1`` also torch's intra-op threads set to 1 there;
 ``pinned``   the engine's processes (this one and its children) held to two cores;
 ``loaded``   every core but two kept busy by spinning processes (a noisy host);
-``free2``    nothing done again (does the first condition's time come back?).
+``free2``    nothing done again (does the first condition's time come back?);
+``split:F/C`` this process (the engine's front end) held to cores F and the engine's child processes to cores C
+             (``+`` joins cores: ``split:0/2+3``); which pairs of cores run the cycle slow finds cores that share
+             a physical core (SMT siblings a VM may not show), the suspected cause of an engine start's "state";
+``unpinned`` every process back on every core.
+
+Run it once per engine start (e.g. under ``taskset``) to see whether a start lands in a "state" that holds for its
+life, and where its processes ran. The output also holds the host's CPU topology as the guest sees it and the GPU's
+NUMA node.
 
 Beside each sample: the host's CPU time split over the sample (busy, steal: time a hypervisor gave to others),
 the GPU's SM clock, and the CPU the engine core last ran on. Output: one JSON file.
@@ -31,6 +39,49 @@ import time
 from pathlib import Path
 
 CONDITIONS = ("free", "gc_off", "threads1", "pinned", "loaded", "free2")
+
+
+def topology() -> dict:
+    """The CPU topology the guest sees: per core its SMT siblings, core and package ids; NUMA nodes; the GPU's node."""
+    def read(path: Path) -> str | None:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return None
+
+    cpus = {}
+    for d in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*"), key=lambda d: int(d.name[3:])):
+        t = d / "topology"
+        cpus[d.name] = {"siblings": read(t / "thread_siblings_list"), "core_id": read(t / "core_id"),
+                        "package": read(t / "physical_package_id")}
+    nodes = {d.name: read(d / "cpulist") for d in Path("/sys/devices/system/node").glob("node[0-9]*")}
+    gpu_node = None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).busId
+        bus = (bus.decode() if isinstance(bus, bytes) else bus).lower()[-12:]
+        gpu_node = read(Path("/sys/bus/pci/devices") / bus / "numa_node")
+    except Exception as exc:  # noqa: BLE001 -- a diagnostic
+        gpu_node = repr(exc)
+    return {"cpus": cpus, "numa_nodes": nodes, "gpu_numa_node": gpu_node}
+
+
+def cores_of(text: str) -> list[int]:
+    return [int(x) for x in text.split("+")]
+
+
+def thread_cpus(proc) -> list[int]:
+    """The CPUs a process's threads last ran on (field 39 of /proc/PID/task/TID/stat), busiest thread first."""
+    rows = []
+    for t in Path(f"/proc/{proc.pid}/task").iterdir():
+        try:
+            f = (t / "stat").read_text().rsplit(")", 1)[1].split()
+            rows.append((int(f[11]) + int(f[12]), int(f[36])))  # utime + stime, processor
+        except (OSError, IndexError, ValueError):
+            pass
+    return [cpu for _, cpu in sorted(rows, reverse=True)]
 
 
 def cpu_times() -> tuple[float, float, float]:
@@ -67,6 +118,19 @@ def core_threads(worker=None, n: int = 1) -> bool:
     return True
 
 
+def speed_probe(cpu: int, stop, out: str, window_s: float = 0.05) -> None:
+    """A busy loop held to one core that counts its iterations per ``window_s``: the core's speed over time (a
+    host whose other tenants take the physical core's time or bandwidth slows it, with no steal time)."""
+    os.sched_setaffinity(0, [cpu])
+    rows = []
+    while not stop.is_set():
+        t0, n = time.time(), 0
+        while time.time() - t0 < window_s:
+            n += 1
+        rows.append((round(t0, 3), n))
+    Path(out).write_text(json.dumps(rows))
+
+
 def spin(stop_at: float) -> None:
     while time.time() < stop_at:
         pass
@@ -79,8 +143,8 @@ def engine_processes():
     return [me] + me.children(recursive=True)
 
 
-def set_affinity(cores: list[int]) -> None:
-    for p in engine_processes():
+def set_affinity(cores: list[int], procs=None) -> None:
+    for p in procs if procs is not None else engine_processes():
         try:
             p.cpu_affinity(cores)
             for t in p.threads():
@@ -89,38 +153,19 @@ def set_affinity(cores: list[int]) -> None:
             pass
 
 
-def main(args: argparse.Namespace) -> int:
-    import psutil
-
-    from benchmarks.gpu_closed_loop import CALIBRATION_ACCEPTANCE, gpu_probe_config, shapes
-    from calibration.probes import (DrafterSpec, _engine_decode_s, _random_prompts, _sampling, environment_info,
-                                    read_spec_counters, start_engine, stop_engine, synthetic_rates)
+def time_conditions(llm, args: argparse.Namespace, sm_clock, t_start: float) -> list[dict]:
+    """One engine start: B = ``args.batch_size`` cycles timed back to back under each of ``args.conditions``."""
     import random
 
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    target, draft = shapes(args.workdir)
-    cfg = gpu_probe_config(target, draft).resolved(on_gpu=True)
-    settings = cfg.engine_settings(target)
-    spec = DrafterSpec("draft_model", 3, model=draft, draft_sample_method=None).speculative_config(
-        target, synthetic_rates(CALIBRATION_ACCEPTANCE, 3))
-    llm, startup_s = start_engine(settings, spec)
-    try:
-        import pynvml
+    from calibration.probes import _engine_decode_s, _random_prompts, _sampling, read_spec_counters
 
-        pynvml.nvmlInit()
-        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-        sm_clock = lambda: pynvml.nvmlDeviceGetClockInfo(gpu, pynvml.NVML_CLOCK_SM)  # noqa: E731
-    except Exception:
-        sm_clock = lambda: None  # noqa: E731
     n_cores = os.cpu_count() or 1
-    rng = random.Random(3)
-    fixed = _random_prompts(args.batch_size, 128, rng)
+    fixed = _random_prompts(args.batch_size, 128, random.Random(3))
     many = _sampling(0.0, args.tokens + 1, 0, False)
     llm.generate(fixed, many, use_tqdm=False)  # warm-up; caches the prompts' prefill
     samples, burners = [], []
-    t_start = time.perf_counter()
     try:
-        for cond in CONDITIONS:
+        for cond in args.conditions:
             if cond == "gc_off":
                 llm.collective_rpc(core_gc_off)
             elif cond == "threads1":
@@ -138,49 +183,102 @@ def main(args: argparse.Namespace) -> int:
                 for b in burners:
                     b.terminate()
                 burners = []
+            elif cond.startswith("split:"):
+                front, core = cond[6:].split("/")
+                set_affinity(cores_of(front), engine_processes()[:1])
+                set_affinity(cores_of(core), engine_processes()[1:])
+            elif cond == "unpinned":
+                set_affinity(list(range(n_cores)))
             t_cond = time.perf_counter()
             while time.perf_counter() - t_cond < args.seconds:
                 b0, s0, tot0 = cpu_times()
                 c0 = read_spec_counters(llm)
-                t0 = time.perf_counter()
+                t0, u0 = time.perf_counter(), time.time()
                 outs = llm.generate(fixed, many, use_tqdm=False)
-                wall_s = time.perf_counter() - t0
+                wall_s, u1 = time.perf_counter() - t0, time.time()
                 d = read_spec_counters(llm) - c0
                 b1, s1, tot1 = cpu_times()
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs) / args.batch_size
                 steps = max(1.0, tokens - 1 - d.num_accepted_tokens / args.batch_size)
                 span = _engine_decode_s(outs)
-                core = None
+                procs = engine_processes()
+                core, placed = None, {}
                 try:
-                    core = max((p for p in engine_processes()[1:]), key=lambda p: p.cpu_times().user).cpu_num()
-                except Exception:
+                    busiest = max(procs[1:], key=lambda p: p.cpu_times().user)
+                    core = busiest.cpu_num()
+                    placed = {"front": thread_cpus(procs[0])[:3], "core": thread_cpus(busiest)[:3]}
+                except Exception:  # noqa: BLE001 -- a diagnostic
                     pass
                 dt = max(1.0, tot1 - tot0)
                 try:
                     state = llm.collective_rpc(core_state)[0]
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001
                     state = {"error": repr(exc)}
                 samples.append({"condition": cond, "t_s": round(time.perf_counter() - t_start, 2),
+                                "unix_s": [round(u0, 3), round(u1, 3)],
                                 "cycle_ms": round(1e3 * span / steps, 3) if span else None,
                                 "wall_ms_per_cycle": round(1e3 * wall_s / steps, 3), "cycles": steps,
                                 "host_busy": round((b1 - b0) / dt, 3), "host_steal": round((s1 - s0) / dt, 4),
-                                "sm_clock_mhz": sm_clock(), "engine_core_cpu": core, "core": state})
+                                "sm_clock_mhz": sm_clock(), "engine_core_cpu": core, "threads_on": placed,
+                                "core": state})
                 print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
     finally:
         for b in burners:
             b.terminate()
+        set_affinity(list(range(n_cores)))
+    return samples
+
+
+def main(args: argparse.Namespace) -> int:
+    import psutil
+
+    from benchmarks.gpu_closed_loop import CALIBRATION_ACCEPTANCE, gpu_probe_config, shapes
+    from calibration.probes import DrafterSpec, environment_info, start_engine, stop_engine, synthetic_rates
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    target, draft = shapes(args.workdir)
+    cfg = gpu_probe_config(target, draft).resolved(on_gpu=True)
+    settings = cfg.engine_settings(target)
+    spec = DrafterSpec("draft_model", 3, model=draft, draft_sample_method=None).speculative_config(
+        target, synthetic_rates(CALIBRATION_ACCEPTANCE, 3))
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        sm_clock = lambda: pynvml.nvmlDeviceGetClockInfo(gpu, pynvml.NVML_CLOCK_SM)  # noqa: E731
+    except Exception:
+        sm_clock = lambda: None  # noqa: E731
+    t_start = time.perf_counter()
+    llm, startup_s = start_engine(settings, spec)
+    probe = None
+    if args.speed_probe is not None:
+        probe_out = args.workdir / "speed-probe.json"
+        ctx = multiprocessing.get_context("fork")
+        stop = ctx.Event()
+        probe = ctx.Process(target=speed_probe, daemon=True, args=(args.speed_probe, stop, str(probe_out)))
+        probe.start()
+    try:
+        samples = time_conditions(llm, args, sm_clock, t_start)
+    finally:
         stop_engine(llm)
+    speed = None
+    if probe is not None:
+        stop.set()
+        probe.join()
+        speed = json.loads(probe_out.read_text()) if probe_out.exists() else None
     summary = {}
-    for cond in CONDITIONS:
-        xs = [s["cycle_ms"] for s in samples if s["condition"] == cond and s["cycle_ms"]]
+    for cond in args.conditions:
+        xs = [x["cycle_ms"] for x in samples if x["condition"] == cond and x["cycle_ms"]]
         if xs:
             summary[cond] = {"n": len(xs), "median_ms": round(statistics.median(xs), 2), "min_ms": min(xs),
                              "max_ms": max(xs)}
     out = {"startup_s": round(startup_s, 1), "batch_size": args.batch_size, "tokens": args.tokens,
-           "cores": n_cores, "summary": summary, "samples": samples, "environment": environment_info(),
+           "cores": os.cpu_count(), "affinity_at_start": sorted(os.sched_getaffinity(0)), "topology": topology(),
+           "summary": summary, "samples": samples, "speed_probe": speed, "environment": environment_info(),
            "speculative_config": spec, "psutil": psutil.__version__}
     args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
-    print(json.dumps(summary, indent=1), flush=True)
+    print(json.dumps(out["summary"], indent=1), flush=True)
     return 0
 
 
@@ -190,6 +288,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=25.0, help="per condition")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per timed generation")
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--conditions", type=lambda t: t.split(","), default=list(CONDITIONS),
+                        help="comma-separated, in order: " + ", ".join(CONDITIONS) + ", split:F/C, unpinned")
+    parser.add_argument("--speed-probe", type=int, default=None, metavar="CPU",
+                        help="also time a busy loop held to this core through the run (its speed over time)")
 
 
 if __name__ == "__main__":
