@@ -571,7 +571,9 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None) -> tu
 
 PROFILES_FILE = DATA_DIR / "engine_profiles.json"
 PROFILE_BEHAVIOUR = ("a separate draft model runs without CUDA graphs",
-                     "async scheduling is off with draft-model and n-gram speculation")
+                     "async scheduling is off with draft-model and n-gram speculation",
+                     "steps that run on the host (a draft model's, n-gram's) follow the host cores' speed, which "
+                     "other tenants moved 1.7-1.8x on the node measured: read the interval")
 
 
 PROFILE_LONG_CONTEXT = Path("benchmarks/data/h200-vllm0.24-kv/kv-auto.jsonl")  # run 12: decode at 8k, bf16 KV
