@@ -138,6 +138,7 @@ def test_profile_gives_measured_answers(specs):
     assert dm["engine_profile"]["name"] == "H200-SXM × vLLM 0.24"
     assert dm["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24"
     assert any("without CUDA graphs" in r for r in dm["reasons"])
+    assert any("host cores' speed" in r for r in dm["reasons"])  # h200-vllm0.24-host-speed: 1.7-1.8x
     ng = predict(_scenario("ngram", 1), gpu, target, None, profile=profile, samples=400).to_dict()
     assert 64 < ng["break_even_concurrency"] < 128  # measured crossing at 0.8: between 64 and 128 (runs 1-13)
     # with a drafted fraction of code's prior (not every step drafts), each step without drafts pays the speculative
