@@ -3,10 +3,13 @@ when they took too much. CPU hosts time the engine's own compute on the cores; G
 part of a step (a separate draft model in vLLM 0.24 runs bound by one host core: docs/gpu-closed-loop.md, run 5)."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 OTHERS_CPU_LIMIT = 0.12  # redo a measurement when other processes took more than this share of the CPUs
 ENGINE_CORES = 3  # cores an engine's timing needs to itself: engine core, front end, the probe
@@ -125,3 +128,65 @@ def guarded(measure, label: str, attempts: int = 4, budget: WaitBudget | None = 
               flush=True)
         wait_others_quiet(budget=budget)
     return best
+
+
+# --------------------------------------------------------------------------------------------- the host's speed
+HOST_SPEED_WINDOW_S = 0.05
+
+
+def _count_loop(conn, interval_s: float, window_s: float) -> None:
+    """Child: every ``interval_s``, count a busy loop's iterations over ``window_s``; send them when told to stop."""
+    counts = []
+    while not conn.poll(max(0.0, interval_s - window_s)):
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < window_s:
+            n += 1
+        counts.append(n)
+    conn.send(counts)
+    conn.close()
+
+
+class HostSpeed:
+    """The speed of the host's cores over a run: a child process counts a busy loop's iterations over 50 ms once
+    per ``interval_s`` (5 % of one core), on whichever core the scheduler gives it.
+
+    On a cloud node other tenants slow the physical cores under its vCPUs, and the guest sees neither steal time
+    nor a lower clock. Steps that run on the host follow it: a separate draft model on vLLM 0.24, n-gram's lookup,
+    piecewise-graph verify steps. On the lent H200 each core swung 1.7-1.8x (p5 to p95) in phases of seconds to
+    minutes (docs/gpu-closed-loop.md, "The host's cores change speed on their own")."""
+
+    def __init__(self, interval_s: float = 1.0, window_s: float = HOST_SPEED_WINDOW_S) -> None:
+        self.interval_s, self.window_s = interval_s, window_s
+        self._proc = self._conn = None
+        self._t0 = 0.0
+
+    def start(self) -> "HostSpeed":
+        ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold engine threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_count_loop, args=(child, self.interval_s, self.window_s), daemon=True)
+        self._proc.start()
+        self._t0 = time.monotonic()
+        return self
+
+    def stop(self) -> dict | None:
+        """The run's summary (None if the child gave nothing): iterations per window at p5 / p50 / p95, the swing
+        p95 / p5, and every window's count in order."""
+        if self._proc is None:
+            return None
+        counts: list[int] = []
+        try:
+            self._conn.send("stop")
+            if self._conn.poll(10.0):
+                counts = self._conn.recv()
+        except (OSError, EOFError):
+            pass
+        self._proc.join(5.0)
+        if self._proc.is_alive():
+            self._proc.kill()
+        wall_s, self._proc = time.monotonic() - self._t0, None
+        if len(counts) < 2:
+            return None
+        p5, p50, p95 = (float(x) for x in np.percentile(counts, [5, 50, 95]))
+        return {"interval_s": self.interval_s, "window_s": self.window_s, "wall_s": round(wall_s, 1),
+                "iterations": [int(c) for c in counts], "iterations_p5": p5, "iterations_p50": p50,
+                "iterations_p95": p95, "swing": round(p95 / max(p5, 1.0), 3)}

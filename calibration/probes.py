@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .contention import HostSpeed
+
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 STRUCTURES = ("code", "json", "sql", "prose", "creative", "rag")
 LARGE_BATCH = 64  # large_batch_decode_tokens applies from this batch size on, cycle_decode_tokens up to it
@@ -173,6 +175,25 @@ class AcceptanceMeasurement:
 
 
 @dataclass
+class HostSpeedMeasurement:
+    """The host's core speed over the whole run (:class:`calibration.contention.HostSpeed`): a busy loop's
+    iterations per ``window_s``, once per ``interval_s``."""
+
+    probe: str  # "host_speed"
+    label: str
+    interval_s: float
+    window_s: float
+    wall_s: float
+    iterations: list[int]
+    iterations_p5: float
+    iterations_p50: float
+    iterations_p95: float
+    swing: float  # p95 / p5
+    engine: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+
+
+@dataclass
 class ProbeError:
     stage: str
     error: str
@@ -189,6 +210,7 @@ class CalibrationResult:
     step_timings: list[StepTiming] = field(default_factory=list)
     prefill_timings: list[PrefillTiming] = field(default_factory=list)
     acceptance: list[AcceptanceMeasurement] = field(default_factory=list)
+    host_speed: list[HostSpeedMeasurement] = field(default_factory=list)
     errors: list[ProbeError] = field(default_factory=list)
 
     def add(self, m: Any) -> None:
@@ -197,10 +219,11 @@ class CalibrationResult:
             "step_time": self.step_timings,
             "prefill": self.prefill_timings,
             "acceptance": self.acceptance,
+            "host_speed": self.host_speed,
         }[m.probe].append(m)
 
     def measurements(self) -> list[Any]:
-        return [*self.memory, *self.step_timings, *self.prefill_timings, *self.acceptance]
+        return [*self.memory, *self.step_timings, *self.prefill_timings, *self.acceptance, *self.host_speed]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -343,6 +366,10 @@ class ProbeConfig:
     # and the closed loop's median error against the same measurements went from 6.8 % to 15 %)
     step_clock: str | None = None
     guard_contention: bool | None = None  # None: redo timings while other processes load the cores (CPU and GPU)
+    # seconds between readings of the host's core speed through the run (calibration.contention.HostSpeed: 50 ms
+    # of a busy loop each, a record "host_speed"); None: 1 s on GPU nodes, off (0) on the CPU build, whose timings
+    # would share its cores with the loop
+    host_speed_interval_s: float | None = None
     isolate_engines: bool | None = None  # None: on GPUs, each engine in its own process
     # None: on GPUs, isolated engines start together (as many as fit, by :func:`engine_memory_estimate_bytes`),
     # then probe one at a time while the others wait idle; an engine start (torch.compile, CUDA-graph capture) is
@@ -384,6 +411,8 @@ class ProbeConfig:
             max_num_seqs=self.max_num_seqs or max(largest, 1),
             max_model_len=self.max_model_len or int(2 ** np.ceil(np.log2(need_len))),
             guard_contention=True if self.guard_contention is None else self.guard_contention,
+            host_speed_interval_s=(1.0 if on_gpu else 0.0) if self.host_speed_interval_s is None
+            else self.host_speed_interval_s,
             isolate_engines=on_gpu if self.isolate_engines is None else self.isolate_engines,
             engines_together=(not on_gpu and not self.isolate_engines) if self.engines_together is None
             else self.engines_together,
@@ -1241,7 +1270,7 @@ def run_engines_together(plan: list[EnginePlan], cfg: ProbeConfig, env: dict, pr
 
 
 MEASUREMENT_TYPES = {"memory": MemoryMeasurement, "step_time": StepTiming, "prefill": PrefillTiming,
-                     "acceptance": AcceptanceMeasurement}
+                     "acceptance": AcceptanceMeasurement, "host_speed": HostSpeedMeasurement}
 
 
 def measurement_from_dict(data: dict) -> Any:
@@ -1541,6 +1570,13 @@ def run_probes(
         if progress is not None:
             progress(done, total, msg)
 
+    host_speed = HostSpeed(cfg.host_speed_interval_s).start() if cfg.host_speed_interval_s else None
+
+    def finish_host_speed() -> None:
+        summary = host_speed.stop() if host_speed is not None else None
+        if summary is not None:
+            emit(HostSpeedMeasurement(probe="host_speed", label="host", **summary, environment=env))
+
     stage = "setup"
     try:
         if cfg.isolate_engines:
@@ -1556,12 +1592,14 @@ def run_probes(
                 stage = f"engine {item.label}"
                 run_engine(item, cfg, env, prompts, emit, tick, rng)
     except BaseException as exc:  # keep what was measured
+        finish_host_speed()
         result.status = "failed"
         result.finished_at = time.time()
         result.errors.append(ProbeError(stage=stage, error=f"{type(exc).__name__}: {exc}"))
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise ProbeRunError(f"probe run failed at {stage}: {exc}", result) from exc
+    finish_host_speed()
     result.status = "succeeded"
     result.finished_at = time.time()
     return result

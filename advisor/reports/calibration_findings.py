@@ -210,6 +210,7 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
         out.append(f"Repeats agreed to a median relative spread of {statistics.median(spreads) * 100:.1f} % "
                    f"(worst {max(spreads) * 100:.0f} %, over {len(spreads)} timed cells).")
     out.extend(_co_scheduling(recs))
+    out.extend(_host_speed(recs))
     for name, series in acceptance_series(measurements).items():
         if len(series) > 1 and all(s.measured for s in series):
             best = max(series, key=lambda s: s.measured[0])
@@ -221,6 +222,26 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
             out.append(f"First-position acceptance ({name}): highest for {best.label} {best.measured[0]:.2f} "
                        f"({best.lower[0]:.2f}–{best.upper[0]:.2f}), lowest for {worst.label} "
                        f"{worst.measured[0]:.2f} ({worst.lower[0]:.2f}–{worst.upper[0]:.2f}).")
+    return out
+
+
+HOST_SPEED_SWING_NOTE = 1.2  # p95 / p5 of the host's core speed above which the page says what it moves
+
+
+def _host_speed(recs: list[Record]) -> list[str]:
+    """The host's core speed over the run (calibration.contention.HostSpeed), and what moves with it."""
+    out = []
+    for r in recs:
+        swing, n = r.values.get("swing"), len(r.values.get("iterations") or ())
+        if r.probe != "host_speed" or not is_number(swing) or n < 2:
+            continue
+        line = (f"The host's cores ran {float(swing):.2f}× apart in speed over the run (p95 against p5 of a "
+                f"{float(r.values.get('window_s', 0.05)) * 1e3:.0f} ms busy loop, {n} readings).")
+        if float(swing) > HOST_SPEED_SWING_NOTE:
+            line += (" Other tenants of a cloud host slow its cores without steal time; steps that run on the host "
+                     "(a separate draft model on vLLM 0.24, n-gram's lookup) vary with it, so calibrate more than "
+                     "once or serve such drafters on dedicated cores.")
+        out.append(line)
     return out
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import asdict
 
 import pytest
@@ -239,6 +240,36 @@ def test_gpu_engines_start_together_as_memory_allows(tmp_path):
 
     held = held_engine_config(cfg, 4)
     assert held.gpu_memory_utilization == 0.225 and held.kv_cache_memory_gib == kv_gib
+
+
+def test_a_gpu_run_reads_the_host_cores_speed_throughout(monkeypatch, tmp_path):
+    """A run with ``host_speed_interval_s`` set (GPU nodes: 1 s) keeps one ``host_speed`` record: a busy loop's
+    iterations per 50 ms over the run, in a child process; the run's page says how far apart they were."""
+    from advisor.reports.calibration_findings import findings
+    from calibration.runner import to_record
+
+    def slow_start(settings, spec=None):
+        time.sleep(0.6)  # the readings come while engines run
+        return _FakeLLM(), 0.6
+
+    monkeypatch.setattr(probes, "start_engine", slow_start)
+    monkeypatch.setattr(probes, "stop_engine", lambda llm: None)
+    seen = []
+    cfg = ProbeConfig(model=str(tmp_path), probes=("memory",), host_speed_interval_s=0.05)
+    result = probes.run_probes(cfg, on_measurement=seen.append)
+    assert result.status == "succeeded" and len(result.host_speed) == 1 and seen[-1] is result.host_speed[0]
+    m = result.host_speed[0]
+    assert len(m.iterations) >= 5 and min(m.iterations) > 0 and m.window_s == 0.05
+    assert m.iterations_p5 <= m.iterations_p50 <= m.iterations_p95 and m.swing >= 1.0
+    record = to_record(m)
+    assert record["probe"] == "host_speed" and json.dumps(record)
+    sentence = next(s for s in findings([to_record(x) for x in seen]) if s.startswith("The host's cores"))
+    assert f"{m.swing:.2f}× apart" in sentence and f"{len(m.iterations)} readings" in sentence
+    slow = dict(record, values=dict(record["values"], swing=1.7))
+    assert "dedicated cores" in findings([slow])[-1]  # a swing like the lent H200's says what it moves
+    # off by default on the CPU build, whose two cores the timings need
+    assert ProbeConfig().resolved(on_gpu=False).host_speed_interval_s == 0
+    assert ProbeConfig().resolved(on_gpu=True).host_speed_interval_s == 1.0
 
 
 def test_cpu_defaults_stay_eager_and_in_process():
