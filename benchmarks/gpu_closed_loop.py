@@ -348,8 +348,8 @@ def calibration_records(workdir: Path) -> list[dict]:
     """The run's records; engines redone later (``calibrate --only``) replace the first run's records of them."""
     records = load_jsonl(workdir / "calibration.jsonl")
     redo = load_jsonl(workdir / "calibration-redo.jsonl")
-    redone = {r["params"]["engine"]["label"] for r in redo}
-    return [r for r in records if r["params"]["engine"]["label"] not in redone] + redo
+    redone = {r["params"]["engine"].get("label") for r in redo}
+    return [r for r in records if not redone or r["params"]["engine"].get("label") not in redone] + redo
 
 
 # vLLM 0.24's scheduler setting per speculative method, as its start-up log states it (the EAGLE run's
@@ -402,7 +402,7 @@ def fit_models(records: list[dict], draft) -> tuple[str, dict]:
     """The target engine's checkpoint path, and the model drafter's path(s) -> ``draft`` (joined into the joint
     fit)."""
     engines = [r["params"]["engine"] for r in records]
-    target_path = next(e["model"] for e in engines if e["label"] == "target")
+    target_path = next(e["model"] for e in engines if e.get("label") == "target")
     draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
                    if (e.get("speculative_config") or {}).get("method") in MODEL_DRAFTER_METHODS.values()}
     return target_path, {p: draft for p in draft_paths if p}
@@ -600,7 +600,7 @@ def with_target_steps(records: list[dict], extra: list[dict]) -> list[dict]:
     run 12's long-context steps), taken as this run's target engine's. The plan's decode steps run at a 128-token
     context, where the bandwidth efficiency and the per-step overhead cannot be told apart; steps at a long context
     can (their KV read is most of the step). CUDA-graph steps of the target agree within 2-3 % across leases."""
-    target = next(r for r in records if r["params"]["engine"]["label"] == "target")["params"]["engine"]
+    target = next(r for r in records if r["params"]["engine"].get("label") == "target")["params"]["engine"]
     steps = [r for r in extra if r["probe"] == "step_time" and not r["params"]["engine"].get("speculative_config")]
     return records + [{**r, "params": {**r["params"], "engine": {**target, "kv_cache_dtype":
                                                                  r["params"]["engine"].get("kv_cache_dtype", "auto")}}}

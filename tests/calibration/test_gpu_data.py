@@ -985,6 +985,25 @@ def test_a_draft_model_cycle_follows_vcpus_whose_speed_other_tenants_move():
     assert max(starts) < 27 < series["summary"]["free"]["median_ms"]  # three starts fast, the long one slow
 
 
+def test_the_product_plan_reads_the_host_speed_on_the_h200(tmp_path):
+    """The plan as it ships, on a fresh H200 lease (2026-12-04, 229.9 s): its host_speed record read the cores'
+    speed once a second, 1.59x apart (p5 to p95), and the run's page says so; the fit takes the run as before."""
+    import gzip
+
+    from advisor.reports.calibration_findings import findings
+
+    run = HOST_SPEED / "calibration"
+    (tmp_path / "calibration.jsonl").write_bytes(gzip.open(run / "calibration.jsonl.gz").read())
+    records = gcl.calibration_records(tmp_path)
+    speed = [r["values"] for r in records if r["probe"] == "host_speed"]
+    assert len(speed) == 1 and len(speed[0]["iterations"]) == 229 and speed[0]["swing"] == pytest.approx(1.593)
+    assert json.loads((run / "calibration-run.json").read_text())["wall_s"] == 229.9
+    sentence = next(s for s in findings(records) if s.startswith("The host's cores"))
+    assert "1.59× apart" in sentence and "dedicated cores" in sentence
+    cal, results = gcl.build_gpu_calibration(records, *gcl.catalog_specs())
+    assert gcl.TARGET in cal.step_time and results[f"step_time:{gcl.TARGET}"].n_points > 10
+
+
 def test_run6_fresh_node_guarded_probes_and_draft_model_reproducibility(tmp_path, capsys):
     """Run 6: a fresh node's calibration (> 180 s: the first start on a node), with the contention guard on and
     the host quiet in every probe; its draft-model points have every sign right. Across runs 3-6 the measured
