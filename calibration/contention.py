@@ -132,17 +132,20 @@ def guarded(measure, label: str, attempts: int = 4, budget: WaitBudget | None = 
 
 # --------------------------------------------------------------------------------------------- the host's speed
 HOST_SPEED_WINDOW_S = 0.05
+HOST_SPEED_ON_CPU = 0.95  # a reading counts when the loop ran this share of its window (not waiting for a core)
 
 
 def _count_loop(conn, interval_s: float, window_s: float) -> None:
-    """Child: every ``interval_s``, count a busy loop's iterations over ``window_s``; send them when told to stop."""
-    counts = []
+    """Child: every ``interval_s``, count a busy loop's iterations over ``window_s`` and the share of the window it
+    ran (its CPU time over the wall time: below 1 when the guest's own processes took its core); send the pairs
+    when told to stop."""
+    readings = []
     while not conn.poll(max(0.0, interval_s - window_s)):
-        t0, n = time.perf_counter(), 0
+        t0, c0, n = time.perf_counter(), time.process_time(), 0
         while time.perf_counter() - t0 < window_s:
             n += 1
-        counts.append(n)
-    conn.send(counts)
+        readings.append((n, (time.process_time() - c0) / (time.perf_counter() - t0)))
+    conn.send(readings)
     conn.close()
 
 
@@ -153,7 +156,9 @@ class HostSpeed:
     On a cloud node other tenants slow the physical cores under its vCPUs, and the guest sees neither steal time
     nor a lower clock. Steps that run on the host follow it: a separate draft model on vLLM 0.24, n-gram's lookup,
     piecewise-graph verify steps. On the lent H200 each core swung 1.7-1.8x (p5 to p95) in phases of seconds to
-    minutes (docs/gpu-closed-loop.md, "The host's cores change speed on their own")."""
+    minutes (docs/gpu-closed-loop.md, "The host's cores change speed on their own"). A reading taken while the
+    guest's own processes kept the loop off its core (engine starts compiling on every core) measures them, not the
+    core: only readings that ran at least ``HOST_SPEED_ON_CPU`` of their window count."""
 
     def __init__(self, interval_s: float = 1.0, window_s: float = HOST_SPEED_WINDOW_S) -> None:
         self.interval_s, self.window_s = interval_s, window_s
@@ -173,13 +178,14 @@ class HostSpeed:
         p95 / p5, and every window's count in order."""
         if self._proc is None:
             return None
-        counts: list[int] = []
+        readings: list[tuple[int, float]] = []
         try:
             self._conn.send("stop")
             if self._conn.poll(10.0):
-                counts = self._conn.recv()
+                readings = self._conn.recv()
         except (OSError, EOFError):
             pass
+        counts = [n for n, on_cpu in readings if on_cpu >= HOST_SPEED_ON_CPU]
         self._proc.join(5.0)
         if self._proc.is_alive():
             self._proc.kill()
@@ -188,5 +194,5 @@ class HostSpeed:
             return None
         p5, p50, p95 = (float(x) for x in np.percentile(counts, [5, 50, 95]))
         return {"interval_s": self.interval_s, "window_s": self.window_s, "wall_s": round(wall_s, 1),
-                "iterations": [int(c) for c in counts], "iterations_p5": p5, "iterations_p50": p50,
+                "readings_off_cpu": len(readings) - len(counts), "iterations": [int(c) for c in counts], "iterations_p5": p5, "iterations_p50": p50,
                 "iterations_p95": p95, "swing": round(p95 / max(p5, 1.0), 3)}

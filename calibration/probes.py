@@ -184,11 +184,12 @@ class HostSpeedMeasurement:
     interval_s: float
     window_s: float
     wall_s: float
-    iterations: list[int]
+    iterations: list[int]  # the readings that ran their whole window (HOST_SPEED_ON_CPU), in order
     iterations_p5: float
     iterations_p50: float
     iterations_p95: float
     swing: float  # p95 / p5
+    readings_off_cpu: int = 0  # readings left out: the guest's own processes kept the loop off its core
     engine: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
 

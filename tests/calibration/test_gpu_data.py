@@ -1002,6 +1002,9 @@ def test_the_product_plan_reads_the_host_speed_on_the_h200(tmp_path):
     assert "1.59× apart" in sentence and "dedicated cores" in sentence
     cal, results = gcl.build_gpu_calibration(records, *gcl.catalog_specs())
     assert gcl.TARGET in cal.step_time and results[f"step_time:{gcl.TARGET}"].n_points > 10
+    # the reader as it ships (readings the guest kept off their core left out), 90 s on the idle node
+    idle = json.loads((HOST_SPEED / "host-speed-idle.json").read_text())
+    assert len(idle["iterations"]) == 89 and idle["readings_off_cpu"] == 0 and 1.6 < idle["swing"] < 1.9
 
 
 def test_run6_fresh_node_guarded_probes_and_draft_model_reproducibility(tmp_path, capsys):

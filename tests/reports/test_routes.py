@@ -218,3 +218,21 @@ def test_calibration_report_with_a_step_fit_of_another_shape_still_renders(app, 
     run_id = _calibration_run(app, measurements=h200_measurements(), fits=[fit])
     html = get_html(client, f"/v1/calibrations/{run_id}/report")
     assert "(no fitted values stored for these points)" in html.split('id="fit-plots"')[1].split("</figure>")[0]
+
+
+def test_calibration_report_says_how_far_the_host_cores_speed_moved(app, client):
+    """A GPU run's host_speed record (the plan on the lent H200, 2026-12-04) reaches the run's page as a sentence,
+    and its 229 readings do not flood the measurements table."""
+    import gzip
+    import json
+
+    from tests.conftest import REPO
+
+    path = REPO / "benchmarks/data/h200-vllm0.24-host-speed/calibration/calibration.jsonl.gz"
+    record = next(r for r in map(json.loads, gzip.open(path).read().decode().splitlines()) if r["probe"] == "host_speed")
+    run_id = _calibration_run(app, measurements=[record])
+    html = get_html(client, f"/v1/calibrations/{run_id}/report")
+    assert "The host&#39;s cores ran 1.59× apart in speed over the run" in html or \
+        "The host's cores ran 1.59× apart in speed over the run" in html
+    row = html.split('<table id="measurements">')[1].split("</table>")[0]
+    assert "host_speed" in row and len(row) < 4000, len(row)
