@@ -119,15 +119,15 @@ def core_threads(worker=None, n: int = 1) -> bool:
 
 
 def speed_probe(cpu: int, stop, out: str, window_s: float = 0.05) -> None:
-    """A busy loop held to one core that counts its iterations per ``window_s``: the core's speed over time (a
-    host whose other tenants take the physical core's time or bandwidth slows it, with no steal time)."""
+    """A busy loop held to one core that counts its iterations per ``window_s``, back to back: the core's speed over
+    time (a host whose other tenants take the physical core's time or bandwidth slows it, with no steal time)."""
+    from calibration.contention import busy_loop
+
     os.sched_setaffinity(0, [cpu])
     rows = []
     while not stop.is_set():
-        t0, n = time.time(), 0
-        while time.time() - t0 < window_s:
-            n += 1
-        rows.append((round(t0, 3), n))
+        t0 = time.time()
+        rows.append((round(t0, 3), busy_loop(window_s)[0]))
     Path(out).write_text(json.dumps(rows))
 
 

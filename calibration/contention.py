@@ -135,16 +135,20 @@ HOST_SPEED_WINDOW_S = 0.05
 HOST_SPEED_ON_CPU = 0.95  # a reading counts when the loop ran this share of its window (not waiting for a core)
 
 
+def busy_loop(window_s: float) -> tuple[int, float]:
+    """A busy loop's iterations over ``window_s``, and the share of the window it ran (its CPU time over the wall
+    time: below 1 when other processes of the guest took its core)."""
+    t0, c0, n = time.perf_counter(), time.process_time(), 0
+    while time.perf_counter() - t0 < window_s:
+        n += 1
+    return n, (time.process_time() - c0) / (time.perf_counter() - t0)
+
+
 def _count_loop(conn, interval_s: float, window_s: float) -> None:
-    """Child: every ``interval_s``, count a busy loop's iterations over ``window_s`` and the share of the window it
-    ran (its CPU time over the wall time: below 1 when the guest's own processes took its core); send the pairs
-    when told to stop."""
+    """Child: a :func:`busy_loop` every ``interval_s``; send the readings when told to stop."""
     readings = []
     while not conn.poll(max(0.0, interval_s - window_s)):
-        t0, c0, n = time.perf_counter(), time.process_time(), 0
-        while time.perf_counter() - t0 < window_s:
-            n += 1
-        readings.append((n, (time.process_time() - c0) / (time.perf_counter() - t0)))
+        readings.append(busy_loop(window_s))
     conn.send(readings)
     conn.close()
 
