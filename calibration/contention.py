@@ -145,12 +145,16 @@ def busy_loop(window_s: float) -> tuple[int, float]:
 
 
 def _count_loop(conn, interval_s: float, window_s: float) -> None:
-    """Child: a :func:`busy_loop` every ``interval_s``; send the readings when told to stop."""
+    """Child: a :func:`busy_loop` every ``interval_s``; send the readings when told to stop (or end quietly when the
+    parent is gone: its end of the pipe closed)."""
     readings = []
     while not conn.poll(max(0.0, interval_s - window_s)):
         readings.append(busy_loop(window_s))
-    conn.send(readings)
-    conn.close()
+    try:
+        conn.send(readings)
+        conn.close()
+    except OSError:  # the parent died (a killed probe run): nobody to tell
+        pass
 
 
 class HostSpeed:
