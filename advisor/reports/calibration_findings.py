@@ -117,6 +117,21 @@ def _prefill_cells(recs: list[Record]) -> dict[tuple[int, int], float]:
     return cells
 
 
+def host_speed_series(measurements: list[dict[str, Any]]) -> list[Series]:
+    """The host's core speed through the run (a ``host_speed`` record's readings, once per ``interval_s``), relative
+    to its p95: where the run's host-bound timings fell in the host's fast and slow phases."""
+    out = []
+    for r in records(measurements):
+        counts, p95 = r.values.get("iterations"), r.values.get("iterations_p95")
+        interval_s = r.values.get("interval_s")
+        if r.probe != "host_speed" or not isinstance(counts, list) or not is_number(p95) or not p95 \
+                or not is_number(interval_s) or not all(is_number(c) for c in counts):
+            continue
+        out.append(Series("speed / p95", x=[i * float(interval_s) for i in range(len(counts))],
+                          measured=[float(c) / float(p95) for c in counts]))
+    return out
+
+
 def prefill_series(measurements: list[dict[str, Any]]) -> list[Series]:
     by_batch: dict[int, Series] = {}
     for (batch, length), seconds in sorted(_prefill_cells(records(measurements)).items()):

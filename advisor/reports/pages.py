@@ -15,8 +15,8 @@ from markupsafe import Markup
 
 from . import plots
 from .calibration_data import ProbePlot, probe_plots, residuals_by_fit, rms
-from .calibration_findings import (acceptance_series, findings, fit_param_rows, prefill_series, step_model,
-                                   step_series)
+from .calibration_findings import (acceptance_series, findings, fit_param_rows, host_speed_series, prefill_series,
+                                   step_model, step_series)
 from .formatting import MISSING, dig, flatten, fmt, is_number, pairs_text, path_parts, percent, shorten
 
 DECISIONS = {"go": "GO", "no-go": "NO-GO", "calibrate": "CALIBRATE"}
@@ -328,12 +328,17 @@ def _fit_plots(run_id: Any, measurements: list[dict[str, Any]], fits: list[dict[
         title, x_key, y_key = f"acceptance: {name}", "draft position", "acceptance rate (95 % interval)"
         svg = plots.calibration_fit_svg(title, x_key, y_key, series, salt=f"cal{run_id}-acc-{len(result)}")
         result.append((ProbePlot(f"acceptance: {name}", x_key, y_key, series, False), Markup(svg)))
-    if result:  # records in the probe runner's shape; the generic fallback below would only repeat them
-        return result
-    for index, p in enumerate(probe_plots(measurements, fits)):
-        title = f"{p.probe}: {p.y_key} over {p.x_key}"
-        svg = plots.calibration_fit_svg(title, p.x_key, p.y_key, p.series, salt=f"cal{run_id}-{index}")
-        result.append((p, Markup(svg)))
+    if not result:  # records in another shape than the probe runner's: one generic plot per probe
+        for index, p in enumerate(probe_plots(measurements, fits)):
+            title = f"{p.probe}: {p.y_key} over {p.x_key}"
+            svg = plots.calibration_fit_svg(title, p.x_key, p.y_key, p.series, salt=f"cal{run_id}-{index}")
+            result.append((p, Markup(svg)))
+    speed = host_speed_series(measurements)
+    if speed:
+        x_key, y_key = "time into the run (s)", "host core speed (× its p95)"
+        svg = plots.calibration_fit_svg("host speed: a busy loop once a second", x_key, y_key, speed,
+                                        salt=f"cal{run_id}-host")
+        result.append((ProbePlot("host_speed", x_key, y_key, speed, False), Markup(svg)))
     return result
 
 

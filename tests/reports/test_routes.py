@@ -222,7 +222,7 @@ def test_calibration_report_with_a_step_fit_of_another_shape_still_renders(app, 
 
 def test_calibration_report_says_how_far_the_host_cores_speed_moved(app, client):
     """A GPU run's host_speed record (the plan on the lent H200, 2026-12-04) reaches the run's page as a sentence,
-    and its 229 readings do not flood the measurements table."""
+    and a plot of its 229 readings, which do not flood the measurements table."""
     import gzip
     import json
 
@@ -236,3 +236,4 @@ def test_calibration_report_says_how_far_the_host_cores_speed_moved(app, client)
         "The host's cores ran 1.59× apart in speed over the run" in html
     row = html.split('<table id="measurements">')[1].split("</table>")[0]
     assert "host_speed" in row and len(row) < 4000, len(row)
+    assert "host_speed" in html.split("<figcaption>")[-1][:40] and svg_count(html) == 2  # + the residuals
