@@ -169,7 +169,8 @@ class HostSpeed:
     core: only readings that ran at least ``HOST_SPEED_ON_CPU`` of their window count."""
 
     def __init__(self, interval_s: float = 1.0, window_s: float = HOST_SPEED_WINDOW_S) -> None:
-        self.interval_s, self.window_s = interval_s, window_s
+        # at most half of one core, whatever a request's engine settings asked for
+        self.interval_s, self.window_s = max(float(interval_s), 2 * window_s), window_s
         self._proc = self._conn = None
         self._t0 = 0.0
 

@@ -249,8 +249,8 @@ def test_a_gpu_run_reads_the_host_cores_speed_throughout(monkeypatch, tmp_path):
     from calibration.runner import to_record
 
     def slow_start(settings, spec=None):
-        time.sleep(0.6)  # the readings come while engines run
-        return _FakeLLM(), 0.6
+        time.sleep(1.2)  # the readings (every 0.1 s at the most) come while engines run
+        return _FakeLLM(), 1.2
 
     monkeypatch.setattr(probes, "start_engine", slow_start)
     monkeypatch.setattr(probes, "stop_engine", lambda llm: None)
@@ -259,7 +259,7 @@ def test_a_gpu_run_reads_the_host_cores_speed_throughout(monkeypatch, tmp_path):
     result = probes.run_probes(cfg, on_measurement=seen.append)
     assert result.status == "succeeded" and len(result.host_speed) == 1 and seen[-1] is result.host_speed[0]
     m = result.host_speed[0]
-    assert len(m.iterations) >= 5 and min(m.iterations) > 0 and m.window_s == 0.05
+    assert len(m.iterations) >= 5 and min(m.iterations) > 0 and m.window_s == 0.05 and m.interval_s == 0.1
     assert m.iterations_p5 <= m.iterations_p50 <= m.iterations_p95 and m.swing >= 1.0
     record = to_record(m)
     assert record["probe"] == "host_speed" and json.dumps(record)
