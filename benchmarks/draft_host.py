@@ -29,7 +29,6 @@ Usage on the GPU machine (after scripts/gpu-setup.sh): ``python -m benchmarks.dr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import multiprocessing
 import os

@@ -203,5 +203,6 @@ class HostSpeed:
             return None
         p5, p50, p95 = (float(x) for x in np.percentile(counts, [5, 50, 95]))
         return {"interval_s": self.interval_s, "window_s": self.window_s, "wall_s": round(wall_s, 1),
-                "readings_off_cpu": len(readings) - len(counts), "iterations": [int(c) for c in counts], "iterations_p5": p5, "iterations_p50": p50,
-                "iterations_p95": p95, "swing": round(p95 / max(p5, 1.0), 3)}
+                "readings_off_cpu": len(readings) - len(counts), "iterations": [int(c) for c in counts],
+                "iterations_p5": p5, "iterations_p50": p50, "iterations_p95": p95,
+                "swing": round(p95 / max(p5, 1.0), 3)}

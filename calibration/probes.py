@@ -1572,12 +1572,6 @@ def run_probes(
             progress(done, total, msg)
 
     host_speed = HostSpeed(cfg.host_speed_interval_s).start() if cfg.host_speed_interval_s else None
-
-    def finish_host_speed() -> None:
-        summary = host_speed.stop() if host_speed is not None else None
-        if summary is not None:
-            emit(HostSpeedMeasurement(probe="host_speed", label="host", **summary, environment=env))
-
     stage = "setup"
     try:
         if cfg.isolate_engines:
@@ -1593,14 +1587,16 @@ def run_probes(
                 stage = f"engine {item.label}"
                 run_engine(item, cfg, env, prompts, emit, tick, rng)
     except BaseException as exc:  # keep what was measured
-        finish_host_speed()
         result.status = "failed"
         result.finished_at = time.time()
         result.errors.append(ProbeError(stage=stage, error=f"{type(exc).__name__}: {exc}"))
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise ProbeRunError(f"probe run failed at {stage}: {exc}", result) from exc
-    finish_host_speed()
+    finally:  # the host's speed through the run, failed or not
+        summary = host_speed.stop() if host_speed is not None else None
+        if summary is not None:
+            emit(HostSpeedMeasurement(probe="host_speed", label="host", **summary, environment=env))
     result.status = "succeeded"
     result.finished_at = time.time()
     return result

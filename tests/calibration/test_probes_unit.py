@@ -272,23 +272,17 @@ def test_a_gpu_run_reads_the_host_cores_speed_throughout(monkeypatch, tmp_path):
     assert ProbeConfig().resolved(on_gpu=True).host_speed_interval_s == 1.0
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def test_host_speed_leaves_out_readings_the_guests_own_load_took():
     """A reading during which the guest's own processes kept the loop off its core (every core busy) measures them,
     not the core's speed: it is left out and counted in ``readings_off_cpu``."""
     import multiprocessing
     import os
 
-    from calibration.contention import HostSpeed
+    from calibration.contention import HostSpeed, busy_loop
 
     speed = HostSpeed(0.05).start()
     time.sleep(0.4)
-    spinners = [multiprocessing.get_context("fork").Process(target=_spin, args=(0.8,))
+    spinners = [multiprocessing.get_context("fork").Process(target=busy_loop, args=(0.8,))
                 for _ in range(2 * (os.cpu_count() or 1))]
     for p in spinners:
         p.start()
