@@ -440,8 +440,9 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
     """The serving front end's cost on shared cores, from the closed-loop probe (c requests kept open), against the
     offline fits (step time and prefill at the probe's mean lengths):
     - engine time per step and per decoding sequence: measured step (TPOT × tokens per step) − modelled, fitted as
-      a + b·B (non-negative least squares over every c ≤ max_num_seqs: B = c requests in the engine), and per
-      request waiting in the server (c > max_num_seqs, against the measured full batch). A closed loop replaces
+      a + b·B (non-negative least squares over every c probed: B = min(c, max_num_seqs) requests in the engine; a
+      request waiting behind a full batch costs the engine nothing per step, as vLLM's scheduler stops at the
+      waiting queue's head while the batch is full, vllm/v1/core/sched/scheduler.py). A closed loop replaces
       each finished request at once, so a share (B − 1)·AL / output of the steps also prefills one prompt (vLLM's
       scheduler takes a waiting request's whole prompt in one step when it fits the token budget,
       vllm/v1/core/sched/scheduler.py); those steps are modelled as such, the others as decode-only. With
@@ -481,19 +482,16 @@ def fit_frontend(probe: dict[int, dict], gpu, target, cal, spec=None) -> dict[st
                                                                                   p * p / 2.0, 0.0)
         excess[c] = tpot * per_cycle[c] - modelled
     # a probe that other processes disturbed measured them too (calibration.contention): left out while another is clean
-    clean = [c for c in excess if c <= MAX_NUM_SEQS and probe[c].get("others_cpu", 0.0) <= OTHERS_CPU_LIMIT]
-    batches = sorted(clean or (c for c in excess if c <= MAX_NUM_SEQS))
-    (per_step, per_seq), _ = nnls(np.array([[1.0, float(c)] for c in batches]), np.array([excess[c] for c in batches]))
-    per_waiting = 0.0
-    if max(excess) > MAX_NUM_SEQS and MAX_NUM_SEQS in excess:  # the rest wait in the server
-        c3 = max(excess)
-        per_waiting = max((excess[c3] - excess[MAX_NUM_SEQS]) / (c3 - MAX_NUM_SEQS), 0.0)
+    clean = [c for c in excess if probe[c].get("others_cpu", 0.0) <= OTHERS_CPU_LIMIT]
+    batches = sorted(clean or excess)
+    (per_step, per_seq), _ = nnls(np.array([[1.0, float(min(c, MAX_NUM_SEQS))] for c in batches]),
+                                  np.array([excess[c] for c in batches]))
     fitted = StepModel(base.target, base.step, base.prefill, frontend_s_per_step=float(per_step),
                        frontend_s_per_seq=float(per_seq))
     p, _, ttft, _ = stats[min(stats)]
     alone = _StepClock(fitted, spec)(0, 0.0, p, p * p / 2.0, 0.0)
     return {"frontend_s_per_step": float(per_step), "frontend_s_per_seq": float(per_seq),
-            "frontend_latency_s": max(ttft - alone, 0.0), "frontend_s_per_waiting": per_waiting}
+            "frontend_latency_s": max(ttft - alone, 0.0)}
 
 
 def measured_ms(run: dict[str, Any]) -> dict[str, float]:

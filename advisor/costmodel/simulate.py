@@ -96,7 +96,6 @@ class StepModel:
     frontend_s_per_step: float = 0.0
     frontend_s_per_seq: float = 0.0
     frontend_latency_s: float = 0.0
-    frontend_s_per_waiting: float = 0.0  # per request open at the server but not yet running, per step
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,6 @@ class _StepClock:
         self.flops, self.attn = c.flops_per_token, c.attn_flops_per_token_per_ctx
         self.inv_p = 1.0 / self.p
         self.fe_step, self.fe_seq = model.frontend_s_per_step, model.frontend_s_per_seq
-        self.fe_wait = model.frontend_s_per_waiting
 
     def _weights(self, cost: ForwardCost, tokens: float) -> float:
         if cost is self.c and self.dense_weights is not None:
@@ -208,7 +206,7 @@ class _StepClock:
                                       + 2 * (g - 1) / g * tokens * cost.hidden_size * 2 / cost.interconnect_bytes_per_s)
 
     def __call__(self, decodes: int, ctx_sum: float, prefill_tokens: float, prefill_attn: float,
-                 prefill_ctx: float, waiting: int = 0) -> float:
+                 prefill_ctx: float) -> float:
         """Seconds for a step of ``decodes`` decoding requests (total context ``ctx_sum``) plus prompt chunks of
         ``prefill_tokens`` tokens (causal attention FLOP weight ``prefill_attn`` = Σ chunk·(start + chunk/2), KV
         read ``prefill_ctx``)."""
@@ -222,7 +220,7 @@ class _StepClock:
         p = self.p
         t = (self.fixed_prefill if prefill_tokens else self.fixed_decode) + self.layer_s \
             + (self.ar0 + self.ar1 * tokens if self.ar0 else 0.0) + (mem ** p + comp ** p) ** self.inv_p \
-            + self.fe_step + self.fe_seq * decodes + self.fe_wait * waiting
+            + self.fe_step + self.fe_seq * decodes
         if decodes and self.k:
             s = self.s
             t += s.verify_overhead_s + decodes * s.per_sequence_overhead_s
@@ -471,22 +469,21 @@ def simulate(model: StepModel, limits: EngineLimits, traffic: Traffic, spec: Spe
         # --- one mixed step, or a stretch of identical decode steps
         ctx_now = ctx_a + ctx_r * cycle
         if pf_tokens:
-            dt = clock(b, ctx_now, pf_tokens, pf_attn, pf_ctx, len(waiting) + len(pending))
+            dt = clock(b, ctx_now, pf_tokens, pf_attn, pf_ctx)
             n = 1 if b else 0
         elif b:
             while heap and _stale(heap[0]):  # lazy deletion of preempted requests' entries
                 heapq.heappop(heap)
             n = max(heap[0][0] - cycle, 1) if heap else 1
             upcoming = next_event()
-            queued = len(waiting) + len(pending)
-            if (clock.fe_wait or not waiting and b < limits.max_num_seqs) and upcoming < math.inf:
+            if not waiting and b < limits.max_num_seqs and upcoming < math.inf:
                 dt0 = clock(b, ctx_now, 0.0, 0.0, 0.0)  # the next arrival can join: stop the stretch there
                 n = max(1, min(n, math.ceil((upcoming - t) / dt0)))
             if ctx_r > 0:  # KV overflow ahead: stop the stretch there (preemption happens at the next step)
                 room = cap - kv_prefill - (ctx_a + b * (k + block / 2.0))
                 n_kv = int(room / ctx_r) - cycle
                 n = max(1, min(n, n_kv))
-            dt = n * clock(b, ctx_a + ctx_r * (cycle + n / 2.0), 0.0, 0.0, 0.0, queued)
+            dt = n * clock(b, ctx_a + ctx_r * (cycle + n / 2.0), 0.0, 0.0, 0.0)
         else:
             dt, n = 0.0, 0
         if dt == 0.0 and not pf_tokens:  # nothing schedulable (KV full with only waiting requests): next arrival

@@ -29,17 +29,17 @@ def test_run_c_reanalysed_gives_the_documented_table():
     light = rows[("baseline", 0.3)]
     assert light.rate == pytest.approx(1.049, abs=1e-3)
     assert light.measured_ms["tpot_p50"] == pytest.approx(25.3, abs=0.05)
-    assert light.simulated_ms["tpot_p50"] == pytest.approx(23.3, abs=0.05)
+    assert light.simulated_ms["tpot_p50"] == pytest.approx(22.8, abs=0.05)
     knee = rows[("baseline", 1.0)]
     assert knee.measured_ms["ttft_p90"] == pytest.approx(667, abs=0.5)
-    assert knee.errors["ttft_p90"] == pytest.approx(0.095, abs=0.005)
+    assert knee.errors["ttft_p90"] == pytest.approx(0.010, abs=0.005)
     assert rows[("ngram", 1.0)].rate == pytest.approx(3.755, abs=1e-3)
-    assert rows[("ngram", 0.3)].errors["tpot_p50"] == pytest.approx(-0.301, abs=0.005)
+    assert rows[("ngram", 0.3)].errors["tpot_p50"] == pytest.approx(-0.231, abs=0.005)
     front = result.calibration["frontend"]["baseline"]
-    # c = 1 and c = 16 only: the least-squares line through +3.9 and −3.0 ms, non-negative
-    assert front["frontend_s_per_step"] == pytest.approx(0.00047, abs=2e-5)
-    assert front["frontend_s_per_seq"] == 0.0
-    assert front["frontend_latency_s"] == pytest.approx(0.0231, abs=1e-4)
+    # c = 1, 16 and 48 (a full batch too): the offline steps read longer than the served ones, and the fit cannot
+    # give time back (non-negative)
+    assert front["frontend_s_per_step"] == 0.0 and front["frontend_s_per_seq"] == 0.0
+    assert front["frontend_latency_s"] == pytest.approx(0.0236, abs=1e-4)
 
 
 def test_each_request_keeping_its_prompts_acceptance_slows_the_median_request():
@@ -57,7 +57,7 @@ def test_run_d_reanalysed_gives_the_documented_table():
     assert knee.rate == pytest.approx(1.656, abs=1e-3)  # ≈ 2.1× slower host than run C's 3.50 req/s
     assert light.measured_ms["tpot_p50"] == pytest.approx(74.3, abs=0.05)
     assert light.errors["tpot_p50"] == pytest.approx(-0.065, abs=0.005)
-    assert knee.errors["ttft_p90"] == pytest.approx(1.466, abs=0.01)
+    assert knee.errors["ttft_p90"] == pytest.approx(1.272, abs=0.01)
     front = result.calibration["frontend"]["baseline"]
     # c = 1, 4 and 8 were disturbed by other jobs (23-34 % of the cores): the fit rests on c = 16
     assert front["frontend_s_per_step"] == 0.0 and front["frontend_s_per_seq"] == 0.0
@@ -65,19 +65,20 @@ def test_run_d_reanalysed_gives_the_documented_table():
 
 def test_run_e_on_a_steady_host_comes_within_15_percent_but_at_the_knee():
     """Run E (2026-12-01 16:55-17:15, the host-speed guard's first run): the host stayed within 5.5 % of the serving
-    probe's speed before and after every rate, and 22 of 24 percentiles come within 15 % -- every TPOT, and every
-    TTFT but the n-gram runs' at 0.7x (p90 +15.3 %) and 1.0x (p50 +121 %, the knee). With n-gram the simulation
-    draws each request's accepted drafts: one draw of 120 requests put the 0.7x TTFT p90 anywhere from +9 to +26 %
-    (eight seeds, before the probe's own tokens per step; the first +16.8 % now), so eight draws are pooled."""
+    probe's speed before and after every rate, and 22 of 24 percentiles come within 15 % -- every percentile at 0.3x
+    and 0.7x, every TPOT, and at the knee (1.0x) every TTFT but the baseline's p50 (-19.9 %) and n-gram's p50
+    (+110 %). With n-gram the simulation draws each request's accepted drafts: one draw of 120 requests put the 0.7x
+    TTFT p90 anywhere from +9 to +26 % (eight seeds, before the probe's own tokens per step), so eight draws are
+    pooled."""
     result, rows, within = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 24 and within == {"baseline": 12, "ngram": 10}
+    assert result.cells == 24 and within == {"baseline": 11, "ngram": 11}
     assert all(abs(d) < 0.06 for r in result.rows for d in r.host_drift.values())
     misses = {(r.mode, round(r.load, 1), k) for r in result.rows for k, e in r.errors.items() if abs(e) > 0.15}
-    assert misses == {("ngram", 0.7, "ttft_p90"), ("ngram", 1.0, "ttft_p50")}
+    assert misses == {("baseline", 1.0, "ttft_p50"), ("ngram", 1.0, "ttft_p50")}
     assert all(abs(e) <= 0.08 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
-    assert rows[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.153, abs=0.005)
+    assert rows[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.147, abs=0.005)
     _, one, _ = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30, "--replicates", "1")
-    assert one[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.168, abs=0.005)
+    assert one[("ngram", 0.7)].errors["ttft_p90"] != rows[("ngram", 0.7)].errors["ttft_p90"]  # one draw, not eight
     assert one[("baseline", 1.0)].simulated_ms == rows[("baseline", 1.0)].simulated_ms  # nothing drawn
 
 
@@ -91,7 +92,7 @@ def test_run_e_knee_ttft_moves_tens_of_points_per_percent_of_service_speed():
     for mode in ("baseline", "ngram"):
         p50 = [by[f][(mode, 1.0)]["ttft_p50"] for f in (0.99, 1.0, 1.01)]
         assert p50[0] < p50[1] < p50[2] and min(p50[1] - p50[0], p50[2] - p50[1]) > 0.3
-    assert by[1.0][("ngram", 1.0)]["ttft_p50"] == pytest.approx(1.207, abs=0.01)  # Run E's table
+    assert by[1.0][("ngram", 1.0)]["ttft_p50"] == pytest.approx(1.099, abs=0.01)  # Run E's table
     for f in (0.99, 1.01):
         for key, errors in by[f].items():
             for k in ("tpot_p50", "tpot_p90"):
@@ -103,12 +104,12 @@ def test_run_f_saturated_with_ngram_within_12_percent_on_an_unsteady_host():
     unsteady (three rates redone). Saturated, the n-gram server's four percentiles come within 12 %; the saturated
     baseline run was served ~19 % faster than the 1.0x run before it, and the simulation misses it."""
     result, rows, within = reanalyse("serving-run-f", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 32 and sum(within.values()) == 27
+    assert result.cells == 32 and sum(within.values()) == 23
     assert all(abs(e) < 0.12 for e in rows[("ngram", 1.5)].errors.values())
     assert rows[("ngram", 1.5)].measured_ms["ttft_p50"] > 5000  # a queue that grows through the run
     sat, knee = rows[("baseline", 1.5)], rows[("baseline", 1.0)]
     assert sat.measured_ms["tpot_p50"] < 0.85 * knee.measured_ms["tpot_p50"]
-    assert sat.errors["tpot_p50"] == pytest.approx(0.248, abs=0.005)
+    assert sat.errors["tpot_p50"] == pytest.approx(0.199, abs=0.005)
     assert rows[("baseline", 0.7)].host_drift["after"] < -0.2  # the drift behind its -82 % TTFT p90
 
 
@@ -147,27 +148,27 @@ def _three_rates(result) -> tuple[int, set]:
 def test_run_h_light_middle_and_saturated_all_within_15_percent():
     """Run H (2026-12-03, this AMX host, nothing else running): 0.3x, 0.7x and 2x the capacity -- a queue that grows
     through the run, TTFTs of 5-12 s -- every percentile within 15 % in both modes (24 / 24; worst the baseline's
-    0.7x TTFTs, +8.8 %). At the knee (1.0x, a fourth rate) the baseline's TTFTs miss (+35 %, +18 %) and n-gram's
-    TTFT p50 (-32 %): 29 / 32 over the four rates."""
+    2x TTFT p90, -11.4 %). At the knee (1.0x, a fourth rate) only the baseline's TTFT p50 misses (+35.6 %): 31 / 32
+    over the four rates."""
     result, rows, within = reanalyse("serving-run-h", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 32 and sum(within.values()) == 29
+    assert result.cells == 32 and sum(within.values()) == 31
     assert _three_rates(result) == (24, set())
-    assert max(abs(e) for r in result.rows if round(r.load, 1) != 1.0 for e in r.errors.values()) < 0.09
+    assert max(abs(e) for r in result.rows if round(r.load, 1) != 1.0 for e in r.errors.values()) < 0.115
     knee = rows[("baseline", 1.0)]
-    assert {k for k, e in knee.errors.items() if abs(e) > 0.15} == {"ttft_p50", "ttft_p90"}
+    assert {k for k, e in knee.errors.items() if abs(e) > 0.15} == {"ttft_p50"}
     assert rows[("baseline", 2.0)].measured_ms["ttft_p50"] > 5000  # saturated: the queue grows through the run
     assert all(abs(d) < 0.09 for r in result.rows for d in r.host_drift.values())
 
 
 def test_run_g_an_hour_earlier_misses_on_the_ngram_ttfts():
     """Run G, the same benchmark an hour before Run H on the same host: the baseline's three rates within 15 %
-    (12 / 12, the 2x rate within 3 %), n-gram's TPOTs too, but its TTFTs simulated 12-30 % long at every rate: 20 / 24.
+    (12 / 12, the 2x rate within 4 %), n-gram's TPOTs too, but its TTFTs simulated 12-30 % long at every rate: 20 / 24.
     The n-gram server ran its requests faster than its calibration said (TPOT p50 at 0.3x 29.9 ms, Run H's 31.0)."""
     result, rows, _ = reanalyse("serving-run-g", "--acceptance-records", ACCEPTANCE_30)
     within, misses = _three_rates(result)
     assert within == 20 and {m for m, _, _ in misses} == {"ngram"}
     assert all(k.startswith("ttft") for _, _, k in misses)
-    assert all(abs(e) < 0.03 for e in rows[("baseline", 2.0)].errors.values())
+    assert all(abs(e) < 0.04 for e in rows[("baseline", 2.0)].errors.values())
 
 
 def test_run_i_on_a_host_that_changed_speed_misses():
@@ -185,7 +186,7 @@ def test_run_i_on_a_host_that_changed_speed_misses():
 def test_ngram_probe_steps_take_the_tokens_per_step_the_server_counted():
     """The serving probe's few prompts draft less than the 30 pooled (Run H: 1.158 tokens per decode step at c = 1
     by the server's counters, 1.206 pooled). Read at the pooled rate its steps looked ~4 % long, and the front-end
-    fit charged every simulated n-gram step 1.5 ms more; at its own rate 0.3 ms."""
+    fit charged every simulated n-gram step 1.5 ms more; at its own rate 0.08 ms."""
     import json
 
     from benchmarks import serving
@@ -197,47 +198,64 @@ def test_ngram_probe_steps_take_the_tokens_per_step_the_server_counted():
     assert serving.tokens_per_decode_step(probe["baseline"]["1"]["server_counters"]) is None
     assert serving.tokens_per_decode_step({}) is None
     result, _, _ = reanalyse("serving-run-h", "--acceptance-records", ACCEPTANCE_30)
-    assert result.calibration["frontend"]["ngram"]["frontend_s_per_step"] == pytest.approx(0.00032, abs=2e-5)
+    assert result.calibration["frontend"]["ngram"]["frontend_s_per_step"] == pytest.approx(0.00008, abs=2e-5)
 
 
 def test_run_k_on_an_unsteady_host_holds_for_ngram_not_for_the_baseline():
     """Run K (2026-12-03 evening, the probe with two warm-up requests, 12 at c = 1 and each concurrency's tokens per
     step from the server's counters; 0.3x, 0.7x and 2x): the calibration took 733 s on an unsteady host (step fit
     rms 14 %, "POOR") and the host ran up to 33 % off the serving probe's speed around the rates. n-gram: 12 / 12
-    within 15 %, its light TTFTs -0.1 % and -8.1 % (Runs G and H: +17 %, +8 %). The baseline: 7 / 12; its offline
-    steps read slower than its server then ran (the front-end fit stays at 0, which cannot give time back), so its
-    saturated TTFTs come out +58 % and +75 %."""
+    within 15 % but for the saturated TTFT p90 (-17.9 %), its light TTFTs -0.1 % and -8.1 % (Runs G and H: +17 %,
+    +8 %). The baseline: 9 / 12; its offline steps read slower than its server then ran (the front-end fit stays at
+    0, which cannot give time back), so its saturated TTFTs come out +24 % and +34 %."""
     result, rows, within = reanalyse("serving-run-k", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 24 and within == {"baseline": 7, "ngram": 12}
+    assert result.cells == 24 and within == {"baseline": 9, "ngram": 11}
     assert abs(rows[("ngram", 0.3)].errors["ttft_p50"]) < 0.01 and -0.1 < rows[("ngram", 0.3)].errors["ttft_p90"] < 0
     front = result.calibration["frontend"]["baseline"]
     assert front["frontend_latency_s"] == 0.0 and front["frontend_s_per_step"] == 0.0
-    assert rows[("baseline", 2.0)].errors["ttft_p90"] > 0.7
+    assert rows[("baseline", 2.0)].errors["ttft_p90"] > 0.3
     assert max(abs(d) for r in result.rows for d in r.host_drift.values()) > 0.3
 
 
 def test_run_l_a_quiet_host_misses_only_the_saturated_ttft_p50s():
     """Run L (2026-12-04, a fresh clone on an AMX host, the same benchmark as Run H; others' CPU <= 2 % and the host
     within 4 % of the serving probe's speed around every rate): 0.3x and 0.7x within 15 % in both modes, every TPOT
-    within 10 %; the saturated (2x) TTFT p50s miss, the baseline's -20 % and n-gram's +17 %: 22 / 24."""
+    within 10.5 %; the saturated (2x) TTFT p50s miss, the baseline's -22 % and n-gram's +17 %: 22 / 24."""
     result, rows, within = reanalyse("serving-run-l", "--acceptance-records", ACCEPTANCE_30)
     assert result.cells == 32 and sum(within.values()) == 27
     assert _three_rates(result) == (22, {("baseline", 2.0, "ttft_p50"), ("ngram", 2.0, "ttft_p50")})
-    assert -0.21 < rows[("baseline", 2.0)].errors["ttft_p50"] < -0.19 < 0.16 < rows[("ngram", 2.0)].errors["ttft_p50"]
-    assert all(abs(e) < 0.1 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
+    assert -0.23 < rows[("baseline", 2.0)].errors["ttft_p50"] < -0.21 < 0.16 < rows[("ngram", 2.0)].errors["ttft_p50"]
+    assert all(abs(e) < 0.105 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
     assert all(abs(d) < 0.05 for r in result.rows for d in r.host_drift.values())
     assert max(r.others_cpu for r in result.rows) < 0.03
 
 
 def test_run_m_right_after_run_l_holds_the_baseline_and_misses_ngrams_saturated_rate():
-    """Run M (2026-12-04, right after Run L on the same quiet host): the baseline's three rates within 7.2 %
-    (12 / 12); n-gram's light and middle rates within 6 %, but at 2x its server ran 10 % more tokens/s than simulated
-    (383 against 347), so its TTFTs come out +34 % / +24 % and its TPOT p90 +18 %: 21 / 24."""
+    """Run M (2026-12-04, right after Run L on the same quiet host): the baseline's three rates within 8.5 %
+    (12 / 12); n-gram's light and middle rates within 6 %, but at 2x its server ran 6 % more tokens/s than simulated
+    (383 against 361), so its TTFT p50 comes out +23 % (p90 +12.7 %): 23 / 24."""
     result, rows, within = reanalyse("serving-run-m", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 32 and sum(within.values()) == 25
-    assert _three_rates(result) == (21, {("ngram", 2.0, "ttft_p50"), ("ngram", 2.0, "ttft_p90"),
-                                         ("ngram", 2.0, "tpot_p90")})
-    assert all(abs(e) < 0.075 for r in result.rows if r.mode == "baseline" and round(r.load, 1) != 1.0
+    assert result.cells == 32 and sum(within.values()) == 27
+    assert _three_rates(result) == (23, {("ngram", 2.0, "ttft_p50")})
+    assert all(abs(e) < 0.09 for r in result.rows if r.mode == "baseline" and round(r.load, 1) != 1.0
                for e in r.errors.values())
     saturated = rows[("ngram", 2.0)]
-    assert saturated.measured_throughput_tok_s > 1.09 * saturated.simulated_throughput_tok_s
+    assert saturated.measured_throughput_tok_s > 1.05 * saturated.simulated_throughput_tok_s
+
+
+def test_run_n_a_burst_shows_that_waiting_requests_cost_the_engine_nothing_per_step():
+    """Run N (2026-12-04 evening, an unsteady host: calibration 582 s, the c = 1 reference up to 22 % off the serving
+    probe) adds a burst: all 120 requests at once (``vllm bench serve``'s default rate, inf), 104 of them waiting
+    behind a full batch. The served steps did not slow down: the baseline's TPOT p50 43.1 ms in the burst against
+    46.6 ms at 2x. The front end's former per-waiting term (fitted from c = 48, 0.10 ms per waiting request per
+    step) priced the burst's steps 14 % long (TPOT p50 49.2 ms; TTFTs +17 %, +15 %); without it the baseline's
+    burst comes within 10.4 %. n-gram's burst ran with the host 21-22 % faster than its probe (+16 to +23 %)."""
+    result, rows, _ = reanalyse("serving-run-n", "--acceptance-records", ACCEPTANCE_30)
+    burst, twice = rows[("baseline", float("inf"))], rows[("baseline", 2.0)]
+    assert burst.measured_ms["tpot_p50"] < twice.measured_ms["tpot_p50"]
+    assert burst.measured_ms["ttft_p50"] > 1.9 * twice.measured_ms["ttft_p50"]  # a queue of 104 from the start
+    assert all(abs(e) < 0.105 for e in burst.errors.values())
+    assert all(d < -0.2 for d in rows[("ngram", float("inf"))].host_drift.values())
+    assert _three_rates(result) == (19, {("baseline", 0.7, "tpot_p90"), ("baseline", 2.0, "ttft_p50"),
+                                         ("ngram", 0.3, "tpot_p50"), ("ngram", 2.0, "ttft_p50"),
+                                         ("ngram", 2.0, "ttft_p90")})
