@@ -183,8 +183,9 @@ class HostSpeed:
         return self
 
     def stop(self) -> dict | None:
-        """The run's summary (None if the child gave nothing): iterations per window at p5 / p50 / p95, the swing
-        p95 / p5, and every window's count in order."""
+        """The run's summary (None if under two readings ran on their core): iterations per window at p5 / p50 /
+        p95, the swing p95 / p5, every counted window's iterations in order, and how many readings were left out
+        off-CPU."""
         if self._proc is None:
             return None
         readings: list[tuple[int, float]] = []
