@@ -733,6 +733,26 @@ def start_engine(settings: dict, speculative_config: dict | None = None):
     return llm, startup
 
 
+def inspect_models_in_process() -> bool:
+    """Let vLLM's model registry read a model class's interfaces in this process instead of a fresh Python one.
+
+    vLLM inspects each architecture in a subprocess (``_run_in_subprocess``, "to avoid initializing CUDA") unless
+    ``VLLM_CACHE_ROOT/modelinfos`` already holds the answer, so the first engine start on a fresh node imports vLLM
+    twice: on the H200 each engine's "Resolved architecture" came 17 s after its arguments (run 16), all engines
+    of a plan at once. A probe engine's process (:func:`_engine_plan_main`) exists to start that one engine and has
+    vLLM imported; there the inspection costs the model module's import. Should that import initialize CUDA, vLLM
+    starts its engine core with spawn instead of fork (``_maybe_force_spawn`` in vllm/utils/system_utils.py):
+    slower, still correct. Returns whether the hook was there to replace (vLLM 0.24 to 0.32 have it)."""
+    try:
+        from vllm.model_executor.models import registry
+    except ImportError:
+        return False
+    if not callable(getattr(registry, "_run_in_subprocess", None)):
+        return False
+    registry._run_in_subprocess = lambda fn: fn()
+    return True
+
+
 def stop_engine(llm) -> None:
     """Shut an engine down and free its memory before the next one starts."""
     _LIVE_ENGINES[0] = max(0, _LIVE_ENGINES[0] - 1)
@@ -1517,6 +1537,7 @@ def _engine_plan_main(plan_file: str) -> int:
     rng = random.Random(hash((cfg.seed, item.label)) & 0xFFFFFFFF)
 
     try:
+        inspect_models_in_process()
         run_engine(item, cfg, data["environment"], data["prompts"],
                    lambda m: events.write(json.dumps({"measurement": asdict(m)}, default=str) + "\n"),
                    lambda msg: events.write(json.dumps({"tick": msg}) + "\n"), rng,

@@ -1,8 +1,10 @@
-"""The CPU build's expand_kernel bug (vllm-cpu 0.32) and our plugin that fixes it."""
+"""vLLM behaviour the probes change: the CPU build's expand_kernel bug (vllm-cpu 0.32) and our plugin that fixes it;
+the registry's model inspection, which a probe engine's process does in process."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -93,3 +95,42 @@ def test_plugin_entry_point_is_installed():
         "entry point missing: setup.cfg needs `vllm.general_plugins = specadvisor_cpu_fix = "
         "calibration.vllm_cpu.plugin:register` and the project installed (pip install -e .)"
     )
+
+
+_INSPECT = """
+import json, subprocess, sys
+from pathlib import Path
+in_process = sys.argv[1] == "in-process"
+if in_process:
+    from calibration.probes import inspect_models_in_process
+    assert inspect_models_in_process()
+    run = subprocess.run
+    def run_but_not_the_registry(args, *a, **k):
+        assert "vllm.model_executor.models.registry" not in args, "the registry's subprocess was started"
+        return run(args, *a, **k)
+    subprocess.run = run_but_not_the_registry
+from vllm.model_executor.models.registry import ModelRegistry
+ModelRegistry.models["LlamaForCausalLM"].inspect_model_cls()
+(cached,) = (Path(sys.argv[2]) / "modelinfos").glob("*LlamaForCausalLM.json")
+print(json.dumps(json.loads(cached.read_text())))
+"""
+
+
+def test_probe_engines_inspect_the_model_in_process_as_vllms_subprocess_does(tmp_path):
+    """A probe engine's process reads the architecture's interfaces itself (no second import of vLLM in a
+    subprocess, 17 s of each engine start on a fresh H200 node), and vLLM caches the same answer as its own
+    subprocess gives."""
+    import os
+    import subprocess
+    import sys
+
+    caches = {}
+    for route in ("subprocess", "in-process"):
+        root = tmp_path / route
+        env = {**os.environ, "VLLM_CACHE_ROOT": str(root)}
+        done = subprocess.run([sys.executable, "-c", _INSPECT, route, str(root)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        caches[route] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert caches["in-process"] == caches["subprocess"]
+    assert caches["in-process"]["modelinfo"]["is_text_generation_model"] is True
