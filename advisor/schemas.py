@@ -484,9 +484,9 @@ class StepTimeFitSchema(StrictSchema):
 
 
 class PrefillFitSchema(StrictSchema):
-    """``PrefillParams``."""
+    """``PrefillParams``; above 1 where a host computes more than its catalog row's peak (calibration.fit)."""
 
-    compute_efficiency = _number(0.001, 1.5, required=True)
+    compute_efficiency = _number(0.001, 5.0, required=True)
     fixed_overhead_s = _number(0.0, 10.0, required=True)
     covariance = _covariance(2)
     source = fields.String(validate=validate.Length(max=200))

@@ -65,6 +65,11 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "draft_sampling_s_per_token": (0.0, 0.1),
     "roofline_sharpness": (1.0, 8.0),
 }
+# Prefill's compute efficiency is measured against the catalog's bf16 peak. A host that computes more than that peak
+# fits above 1 rather than pinning at it: the Xeon hosts of serving runs E-M (AMX tiles, under "CPU-2core", whose peak
+# counts a Zen 4's vector units) fit 1.6-2.2 with 9-14 % rms, where the bound 1.0 left 40-96 %. The run's page says
+# when the catalog row understates the host (advisor.reports.calibration_findings).
+PREFILL_COMPUTE_EFFICIENCY_MAX = 4.0
 # Weak priors (relative std around the catalog/engine default) on the efficiencies only: they keep η_bw and
 # t_fixed apart when one model at one context cannot (decode time = t_fixed + W/(BW·η_bw)). Overheads get no
 # prior: CPU and eager engines are 10-100× above the CUDA-graph defaults.
@@ -587,7 +592,7 @@ def fit_prefill(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, step_par
     eta_f0 = float(np.clip(comp1 / max(t[order[-1]] - t[order[0]], 1e-6), 0.05, 1.0))
     x0 = np.array([eta_f0, max(float(t[order[0]]) * 0.5, 0.0)])
     lower = np.array([BOUNDS["compute_efficiency"][0], 0.0])
-    upper = np.array([BOUNDS["compute_efficiency"][1], BOUNDS["fixed_overhead_s"][1]])
+    upper = np.array([PREFILL_COMPUTE_EFFICIENCY_MAX, BOUNDS["fixed_overhead_s"][1]])
     free = ("compute_efficiency", "fixed_overhead_s")
     x, cov, res = _wls(rel_res, x0, lower, upper, np.zeros(2), np.full(2, np.inf), len(t))
     fitted = dataclasses.replace(params_of(x), covariance=cov.tolist(), source=SOURCE)

@@ -240,6 +240,19 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def fit_findings(fits: list[dict[str, Any]], hardware: str, gpu: GpuSpec | None = None) -> list[str]:
+    """Sentences about the fits: a prefill that computed faster than the catalog row's peak allows."""
+    out = []
+    for f in fits:
+        eta_f = (f.get("params") or {}).get("compute_efficiency")
+        if f.get("kind") == "prefill" and is_number(eta_f) and eta_f > 1.0:
+            peak = f" ({gpu.bf16_tflops:g} TFLOP/s)" if gpu is not None else ""
+            out.append(f"Prefill computed at {eta_f:.2f}× the catalog's bf16 peak for {hardware}{peak}: the catalog "
+                       "row understates this host (matrix units it does not count, or another machine under its "
+                       "name). Answers for it follow the measured rate.")
+    return out
+
+
 HOST_SPEED_SWING_NOTE = 1.2  # p95 / p5 of the host's core speed above which the page says what it moves
 
 

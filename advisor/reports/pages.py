@@ -15,8 +15,8 @@ from markupsafe import Markup
 
 from . import plots
 from .calibration_data import ProbePlot, probe_plots, residuals_by_fit, rms
-from .calibration_findings import (acceptance_series, findings, fit_param_rows, host_speed_series, prefill_series,
-                                   step_model, step_series)
+from .calibration_findings import (acceptance_series, findings, fit_findings, fit_param_rows, host_speed_series,
+                                   prefill_series, step_model, step_series)
 from .formatting import MISSING, dig, flatten, fmt, is_number, pairs_text, path_parts, percent, shorten
 
 DECISIONS = {"go": "GO", "no-go": "NO-GO", "calibrate": "CALIBRATE"}
@@ -373,5 +373,5 @@ def calibration_page(run: dict[str, Any], specs: tuple[Any, Any] | None = None) 
         config=[(p, fmt(v)) for p, v in flatten(run.get("config") or {})],
         measurements=_measurement_rows(measurements), fits=_fit_rows(fits, residuals),
         fit_plots=_fit_plots(run_id, measurements, fits, specs), residuals_svg=residuals_plot,
-        findings=findings(measurements),
+        findings=findings(measurements) + fit_findings(fits, fmt(run.get("hardware")), specs[0] if specs else None),
     )

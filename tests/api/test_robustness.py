@@ -227,6 +227,9 @@ def external_run(client, auth):
     ({"fits": [{"kind": "prefill", "key": "llama-3.1-8b-instruct", "params": {"compute_efficiency": -1,
                                                                              "fixed_overhead_s": 0}}]},
      "fits.0.params.compute_efficiency"),
+    ({"fits": [{"kind": "prefill", "key": "llama-3.1-8b-instruct", "params": {"compute_efficiency": 6,
+                                                                             "fixed_overhead_s": 0}}]},
+     "fits.0.params.compute_efficiency"),
     ({"fits": [{"kind": "acceptance", "key": "ngram||prose", "params": {
         "method": "ngram", "drafter": None, "structure": "prose", "logit_intercept": 1e300,
         "logit_position_slope": 0, "logit_temperature_slope": 0}}]}, "fits.0.params.logit_intercept"),
@@ -267,6 +270,9 @@ def test_a_valid_upload_keeps_recommendations_working(client, auth, external_run
     response = client.patch(f"/v1/calibrations/{external_run}", headers=auth, json={
         "status": "succeeded",
         "fits": [{"kind": "step_time", "key": "llama-3.1-8b-instruct", "params": GOOD_STEP, "residuals": [0.01]},
+                 # a host that prefills above its catalog row's peak (calibration.fit.PREFILL_COMPUTE_EFFICIENCY_MAX)
+                 {"kind": "prefill", "key": "llama-3.1-8b-instruct",
+                  "params": {"compute_efficiency": 2.1, "fixed_overhead_s": 0.01}},
                  {"kind": "acceptance", "key": "ngram||prose", "params": {
                      "method": "ngram", "drafter": None, "structure": "prose", "logit_intercept": 1.0,
                      "logit_position_slope": -0.3, "logit_temperature_slope": -0.5, "draft_fraction": 0.6}}]})

@@ -66,17 +66,19 @@ def test_run_d_reanalysed_gives_the_documented_table():
 def test_run_e_on_a_steady_host_comes_within_15_percent_but_at_the_knee():
     """Run E (2026-12-01 16:55-17:15, the host-speed guard's first run): the host stayed within 5.5 % of the serving
     probe's speed before and after every rate, and 22 of 24 percentiles come within 15 % -- every percentile at 0.3x
-    and 0.7x, every TPOT, and at the knee (1.0x) every TTFT but the baseline's p50 (-19.9 %) and n-gram's p50
-    (+110 %). With n-gram the simulation draws each request's accepted drafts: one draw of 120 requests put the 0.7x
-    TTFT p90 anywhere from +9 to +26 % (eight seeds, before the probe's own tokens per step), so eight draws are
-    pooled."""
+    and 0.7x, every TPOT, and at the knee (1.0x) every TTFT but the baseline's (-54 %, -19 %); n-gram's knee p50,
+    +110 % until the prefill fit could follow this AMX host (calibration.fit.PREFILL_COMPUTE_EFFICIENCY_MAX), is now
+    +4 %: the knee moves tens of points with a few per cent of service time. With n-gram the simulation draws each
+    request's accepted drafts: one draw of 120 requests put the 0.7x TTFT p90 anywhere from +9 to +26 % (eight seeds,
+    before the probe's own tokens per step), so eight draws are pooled."""
     result, rows, within = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 24 and within == {"baseline": 11, "ngram": 11}
+    assert result.cells == 24 and within == {"baseline": 10, "ngram": 12}
     assert all(abs(d) < 0.06 for r in result.rows for d in r.host_drift.values())
     misses = {(r.mode, round(r.load, 1), k) for r in result.rows for k, e in r.errors.items() if abs(e) > 0.15}
-    assert misses == {("baseline", 1.0, "ttft_p50"), ("ngram", 1.0, "ttft_p50")}
+    assert misses == {("baseline", 1.0, "ttft_p50"), ("baseline", 1.0, "ttft_p90")}
     assert all(abs(e) <= 0.08 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
-    assert rows[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.147, abs=0.005)
+    assert all(abs(e) <= 0.10 for r in result.rows if r.load < 0.9 for e in r.errors.values())
+    assert rows[("ngram", 0.7)].errors["ttft_p90"] == pytest.approx(0.073, abs=0.005)
     _, one, _ = reanalyse("serving-run-e", "--acceptance-records", ACCEPTANCE_30, "--replicates", "1")
     assert one[("ngram", 0.7)].errors["ttft_p90"] != rows[("ngram", 0.7)].errors["ttft_p90"]  # one draw, not eight
     assert one[("baseline", 1.0)].simulated_ms == rows[("baseline", 1.0)].simulated_ms  # nothing drawn
@@ -84,15 +86,15 @@ def test_run_e_on_a_steady_host_comes_within_15_percent_but_at_the_knee():
 
 def test_run_e_knee_ttft_moves_tens_of_points_per_percent_of_service_speed():
     """docs/planner.md, "How sensitive the knee is": Run E simulated with every fitted time 1 % faster or slower.
-    At 1.0x the TTFT p50 moves by 30-90 points per per cent in both modes; the TPOTs by about one."""
+    At 1.0x the TTFT p50 moves by up to 48-62 points per per cent in both modes; the TPOTs by about one."""
     from benchmarks.ngram_cost import slower_rows
 
     run = REPO / "benchmarks/data/serving-run-e"
     by = {f: {(r.mode, round(r.load, 1)): r.errors for r in slower_rows(run, f)} for f in (0.99, 1.0, 1.01)}
     for mode in ("baseline", "ngram"):
         p50 = [by[f][(mode, 1.0)]["ttft_p50"] for f in (0.99, 1.0, 1.01)]
-        assert p50[0] < p50[1] < p50[2] and min(p50[1] - p50[0], p50[2] - p50[1]) > 0.3
-    assert by[1.0][("ngram", 1.0)]["ttft_p50"] == pytest.approx(1.099, abs=0.01)  # Run E's table
+        assert p50[0] < p50[1] < p50[2] and max(p50[1] - p50[0], p50[2] - p50[1]) > 0.4
+    assert by[1.0][("ngram", 1.0)]["ttft_p50"] == pytest.approx(0.040, abs=0.01)  # Run E's row
     for f in (0.99, 1.01):
         for key, errors in by[f].items():
             for k in ("tpot_p50", "tpot_p90"):
@@ -161,14 +163,16 @@ def test_run_h_light_middle_and_saturated_all_within_15_percent():
 
 
 def test_run_g_an_hour_earlier_misses_on_the_ngram_ttfts():
-    """Run G, the same benchmark an hour before Run H on the same host: the baseline's three rates within 15 %
-    (12 / 12, the 2x rate within 4 %), n-gram's TPOTs too, but its TTFTs simulated 12-30 % long at every rate: 20 / 24.
-    The n-gram server ran its requests faster than its calibration said (TPOT p50 at 0.3x 29.9 ms, Run H's 31.0)."""
+    """Run G, the same benchmark an hour before Run H on the same host: the baseline's 2x rate within 5 %, n-gram's
+    TPOTs within 10 %, but n-gram's TTFTs simulated 9-26 % long at every rate and the baseline's 0.7x TTFT p90 17 %
+    short (the host 7-16 % faster around it than at the serving probe): 21 / 24. The n-gram server ran its requests
+    faster than its calibration said (TPOT p50 at 0.3x 29.9 ms, Run H's 31.0)."""
     result, rows, _ = reanalyse("serving-run-g", "--acceptance-records", ACCEPTANCE_30)
     within, misses = _three_rates(result)
-    assert within == 20 and {m for m, _, _ in misses} == {"ngram"}
-    assert all(k.startswith("ttft") for _, _, k in misses)
-    assert all(abs(e) < 0.04 for e in rows[("baseline", 2.0)].errors.values())
+    assert within == 21 and misses == {("ngram", 0.7, "ttft_p50"), ("ngram", 0.7, "ttft_p90"),
+                                       ("baseline", 0.7, "ttft_p90")}
+    assert all(abs(e) < 0.05 for e in rows[("baseline", 2.0)].errors.values())
+    assert rows[("baseline", 0.7)].host_drift["after"] > 0.15
 
 
 def test_run_i_on_a_host_that_changed_speed_misses():
@@ -186,7 +190,7 @@ def test_run_i_on_a_host_that_changed_speed_misses():
 def test_ngram_probe_steps_take_the_tokens_per_step_the_server_counted():
     """The serving probe's few prompts draft less than the 30 pooled (Run H: 1.158 tokens per decode step at c = 1
     by the server's counters, 1.206 pooled). Read at the pooled rate its steps looked ~4 % long, and the front-end
-    fit charged every simulated n-gram step 1.5 ms more; at its own rate 0.08 ms."""
+    fit charged every simulated n-gram step 1.5 ms more; at its own rate 0.03 ms."""
     import json
 
     from benchmarks import serving
@@ -198,7 +202,7 @@ def test_ngram_probe_steps_take_the_tokens_per_step_the_server_counted():
     assert serving.tokens_per_decode_step(probe["baseline"]["1"]["server_counters"]) is None
     assert serving.tokens_per_decode_step({}) is None
     result, _, _ = reanalyse("serving-run-h", "--acceptance-records", ACCEPTANCE_30)
-    assert result.calibration["frontend"]["ngram"]["frontend_s_per_step"] == pytest.approx(0.00008, abs=2e-5)
+    assert result.calibration["frontend"]["ngram"]["frontend_s_per_step"] == pytest.approx(0.00003, abs=2e-5)
 
 
 def test_run_k_on_an_unsteady_host_holds_for_ngram_not_for_the_baseline():
@@ -219,25 +223,26 @@ def test_run_k_on_an_unsteady_host_holds_for_ngram_not_for_the_baseline():
 
 def test_run_l_a_quiet_host_misses_only_the_saturated_ttft_p50s():
     """Run L (2026-12-04, a fresh clone on an AMX host, the same benchmark as Run H; others' CPU <= 2 % and the host
-    within 4 % of the serving probe's speed around every rate): 0.3x and 0.7x within 15 % in both modes, every TPOT
-    within 10.5 %; the saturated (2x) TTFT p50s miss, the baseline's -22 % and n-gram's +17 %: 22 / 24."""
+    within 4 % of the serving probe's speed around every rate): 0.3x and 0.7x within 7 % in both modes, every TPOT
+    within 11 %; the saturated (2x) TTFT p50s miss, the baseline's -24 % and n-gram's +15.1 %: 22 / 24."""
     result, rows, within = reanalyse("serving-run-l", "--acceptance-records", ACCEPTANCE_30)
-    assert result.cells == 32 and sum(within.values()) == 27
+    assert result.cells == 32 and sum(within.values()) == 26
     assert _three_rates(result) == (22, {("baseline", 2.0, "ttft_p50"), ("ngram", 2.0, "ttft_p50")})
-    assert -0.23 < rows[("baseline", 2.0)].errors["ttft_p50"] < -0.21 < 0.16 < rows[("ngram", 2.0)].errors["ttft_p50"]
-    assert all(abs(e) < 0.105 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
+    assert -0.24 < rows[("baseline", 2.0)].errors["ttft_p50"] < -0.23 < 0.15 < rows[("ngram", 2.0)].errors["ttft_p50"]
+    assert all(abs(e) < 0.07 for r in result.rows if r.load < 0.9 for e in r.errors.values())
+    assert all(abs(e) < 0.11 for r in result.rows for k, e in r.errors.items() if k.startswith("tpot"))
     assert all(abs(d) < 0.05 for r in result.rows for d in r.host_drift.values())
     assert max(r.others_cpu for r in result.rows) < 0.03
 
 
 def test_run_m_right_after_run_l_holds_the_baseline_and_misses_ngrams_saturated_rate():
-    """Run M (2026-12-04, right after Run L on the same quiet host): the baseline's three rates within 8.5 %
-    (12 / 12); n-gram's light and middle rates within 6 %, but at 2x its server ran 6 % more tokens/s than simulated
-    (383 against 361), so its TTFT p50 comes out +23 % (p90 +12.7 %): 23 / 24."""
+    """Run M (2026-12-04, right after Run L on the same quiet host): the baseline's three rates within 9.5 %
+    (12 / 12); n-gram's light and middle rates within 6 %, but at 2x its server ran 5.5 % more tokens/s than simulated
+    (383 against 363), so its TTFT p50 comes out +22 % (p90 +11.8 %): 23 / 24."""
     result, rows, within = reanalyse("serving-run-m", "--acceptance-records", ACCEPTANCE_30)
     assert result.cells == 32 and sum(within.values()) == 27
     assert _three_rates(result) == (23, {("ngram", 2.0, "ttft_p50")})
-    assert all(abs(e) < 0.09 for r in result.rows if r.mode == "baseline" and round(r.load, 1) != 1.0
+    assert all(abs(e) < 0.095 for r in result.rows if r.mode == "baseline" and round(r.load, 1) != 1.0
                for e in r.errors.values())
     saturated = rows[("ngram", 2.0)]
     assert saturated.measured_throughput_tok_s > 1.05 * saturated.simulated_throughput_tok_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from advisor.reports.calibration_findings import findings, prefill_series, step_series
+from advisor.reports.calibration_findings import findings, fit_findings, prefill_series, step_series
 
 # benchmarks/data/h200-vllm0.24/calibration{,-redo}.jsonl with the nested model configs dropped
 H200_RECORDS = Path(__file__).parent / "data" / "h200-calibration.jsonl"
@@ -117,3 +117,16 @@ def test_mixed_width_batches_are_their_own_sentence_and_series():
     assert series["half verify k=5, half no drafts"].x == [2, 8, 64, 256]
     assert series["verify k=5 (q=6)"].x == [1, 8, 64, 256]
     assert series["half verify k=5, half no drafts"].fitted == [None] * 4
+
+
+def test_a_prefill_above_the_catalogs_peak_is_said():
+    from advisor.costmodel import GpuSpec
+
+    cpu = GpuSpec("CPU-2core", 23, 33, 0.47, None, 0.05, "2025-06-01", "generic", "cpu")
+    fits = [{"kind": "prefill", "key": "smollm2-135m-instruct", "params": {"compute_efficiency": 2.14}},
+            {"kind": "step_time", "key": "smollm2-135m-instruct", "params": {"compute_efficiency": 1.2}}]
+    assert fit_findings(fits, "CPU-2core", cpu) == [
+        "Prefill computed at 2.14× the catalog's bf16 peak for CPU-2core (0.47 TFLOP/s): the catalog row "
+        "understates this host (matrix units it does not count, or another machine under its name). Answers for "
+        "it follow the measured rate."]
+    assert fit_findings([{"kind": "prefill", "params": {"compute_efficiency": 0.7}}], "H200-SXM") == []
