@@ -165,7 +165,7 @@ def test_run_h_light_middle_and_saturated_all_within_15_percent():
 def test_run_g_an_hour_earlier_misses_on_the_ngram_ttfts():
     """Run G, the same benchmark an hour before Run H on the same host: the baseline's 2x rate within 5 %, n-gram's
     TPOTs within 10 %, but n-gram's TTFTs simulated 9-26 % long at every rate and the baseline's 0.7x TTFT p90 17 %
-    short (the host 7-16 % faster around it than at the serving probe): 21 / 24. The n-gram server ran its requests
+    short (the host 7-16 % slower around it than at the serving probe): 21 / 24. The n-gram server ran its requests
     faster than its calibration said (TPOT p50 at 0.3x 29.9 ms, Run H's 31.0)."""
     result, rows, _ = reanalyse("serving-run-g", "--acceptance-records", ACCEPTANCE_30)
     within, misses = _three_rates(result)
