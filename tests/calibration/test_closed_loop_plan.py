@@ -59,8 +59,8 @@ def test_stored_run_reanalysed_gives_the_documented_figures():
 def test_run_on_an_amx_host_meets_every_cpu_target():
     """The same plan and workloads on another host class (2026-12-01 17:56, an Intel Xeon with AMX; the catalog's
     CPU-2core row describes an AMD EPYC, whose bf16 peak this host's prefill exceeds about 2x): median 7.2 %,
-    sign 9/9, interval 8/9 (rag-b6, measured 1.60x above 1.48x). json-b3's sign is right by a hair: predicted 1.02x (0.96x on the earlier
-    host), measured 1.23x -- its held-out prompts still draft on 44 % of steps against 22 % on the probe set."""
+    sign 9/9, interval 8/9 (rag-b6, measured 1.60x above 1.48x). json-b3's sign is right by a hair: predicted
+    1.02x (0.96x on the earlier host), measured 1.23x -- its held-out prompts still draft on 44 % of steps against 22 % on the probe set."""
     import json
 
     from tests.conftest import REPO

@@ -138,9 +138,10 @@ def test_prefill_fit_follows_a_host_that_computes_above_the_catalogs_peak(run, e
     """Stored probe records of two CPU-2core hosts. With the efficiency bounded at 1, the AMX host's prefill fit
     stopped at the bound with 87 % rms (predicted up to 2.3x the measured time); above it, it fits both hosts."""
     from benchmarks.closed_loop import load_catalog
+    from tests.conftest import REPO
 
     gpu, target = load_catalog()
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / run / "records.jsonl"
+    path = REPO / "benchmarks" / "data" / run / "records.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     step = fit_step_time(records, gpu, target).params
     r = fit_prefill(records, gpu, target, step)
