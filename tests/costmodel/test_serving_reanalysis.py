@@ -310,3 +310,15 @@ def test_run_q_right_after_p_holds_the_baseline_at_every_rate_and_misses_ngrams_
     saturated = rows[("ngram", 2.0)]
     assert saturated.measured_throughput_tok_s > 1.08 * saturated.simulated_throughput_tok_s
     assert all(abs(d) < 0.08 for r in result.rows for d in r.host_drift.values())
+
+
+def test_run_r_a_quiet_epyc_host_within_15_percent_at_every_rate_the_knee_included():
+    """Run R (2026-12-05 00:13-00:36, a quiet AMD EPYC host, others' CPU at most 2 %; 0.3x, 0.7x, 1x and 2x): every
+    percentile of both modes within 15 %, the knee's too (32 / 32), the worst n-gram's 2x TTFT p50 (+13.8 %). The
+    first run on an EPYC host with nothing else running: Runs C, D, F, K, N and O shared theirs or changed speed."""
+    result, rows, within = reanalyse("serving-run-r", "--acceptance-records", ACCEPTANCE_30)
+    assert result.cells == 32 and within == {"baseline": 16, "ngram": 16}
+    assert _three_rates(result) == (24, set())
+    assert rows[("ngram", 2.0)].errors["ttft_p50"] == pytest.approx(0.138, abs=0.005)
+    assert rows[("baseline", 1.0)].errors["ttft_p90"] == pytest.approx(-0.116, abs=0.005)
+    assert max(r.others_cpu for r in result.rows) < 0.03
