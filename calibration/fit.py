@@ -266,7 +266,12 @@ def step_points(records: Iterable[Any], model: ModelSpec, model_path: str | None
             per_cycle = max(1.0, 1.0 + float(v.get("accepted_tokens", 0) or 0) / per_seq_steps)
             frac = min(1.0, float(v.get("num_drafts") or 0) / per_seq_steps) if copy else 1.0
             ctx = float(v.get("context_len", 0)) + 1.0 + steps * per_cycle / 2.0
-            out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, float(v["step_s"]), temp,
+            seconds = float(v["step_s"])
+            if v.get("engine_step_s") and v.get("batch_occupancy"):  # a draining batch, timed per engine iteration
+                seconds = float(v["engine_step_s"])  # (probes.StepTiming)
+                batch = min(batch, max(1.0, float(v["batch_occupancy"])))
+                samples = tuple(s * seconds / float(v["step_s"]) for s in samples)
+            out.append(StepPoint("cycle", m, draft, batch, float(k + 1), k, ctx, seconds, temp,
                                  method, frac, _tp(r), samples, _kv(r)))
         elif method in (None, "custom_class"):
             kind = "spec_step" if method == "custom_class" and q == 1 else "step"

@@ -125,6 +125,14 @@ class StepTiming:
     num_drafts: int = 0  # spec-decode counters over the timed repeats
     num_draft_tokens: int = 0
     engine_steps: float | None = None  # vLLM's own iteration count per timed generate (co-scheduling check)
+    # Speculative cycles on the wall clock: the sequences of a batch finish at different steps (a copy drafter
+    # drafts for some only; sampled drafts are accepted unevenly), and ``generate`` lasts until the slowest one, so
+    # its wall time covers more engine iterations than the mean sequence's cycles, over a draining batch.
+    # ``engine_step_s`` = Δwall / Δiterations (vLLM's iteration counter, long minus short generation), at
+    # ``batch_occupancy`` = B · Δcycles per sequence / Δiterations sequences per iteration (exact when a step's cost
+    # is linear in its batch: Δwall = Δiterations · c(occupancy)). None elsewhere: every sequence runs every step.
+    engine_step_s: float | None = None
+    batch_occupancy: float | None = None
     tokens_per_engine_step: float | None = None  # vLLM's iteration_tokens mean: ~ B·q when the batch ran together
     others_cpu: float | None = None  # CPU share other processes took while timing (CPU hosts)
     clock: str = "wall"  # "engine" | "wall": ProbeConfig.step_clock
@@ -914,7 +922,8 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
         tn, outs = _timed_generate(llm, prompts(), many)
         d = read_spec_counters(llm) - mid
         steps = max(0.5, steps_of(outs, d) - steps_of(outs_s, mid - before))
-        return (tn - ts) / steps, max(1.0, steps_of(outs, d)), d
+        iterations = d.engine_steps - (mid - before).engine_steps
+        return (tn - ts) / steps, max(1.0, steps_of(outs, d)), d, (tn - ts, iterations, steps)
 
     def once_engine():
         before = read_spec_counters(llm)
@@ -932,6 +941,12 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
     context = cfg.context_len
     if texts is not None:
         context = round(statistics.fmean(len(o.prompt_token_ids or ()) for o in warm))
+    engine_step_s = occupancy = None
+    if kind in ("cycle", "text_cycle") and all(len(r) > 3 and r[3][1] > 0 for r in results):
+        engine_step_s = statistics.median(wall / iters for wall, iters, _ in (r[3] for r in results))
+        # (clamped to [1, B]: drafts accepted past max_tokens count as accepted, so the cycles per sequence read low)
+        occupancy = min(float(batch_size), max(1.0, statistics.median(
+            batch_size * steps / iters for _, iters, steps in (r[3] for r in results))))
     return StepTiming(
         probe="step_time", label=label, batch_size=batch_size, q=q, context_len=context,
         steps=statistics.median(r[1] for r in results), step_s=statistics.median(samples),
@@ -941,6 +956,8 @@ def measure_step_time(llm, label: str, batch_size: int, q: int, cfg: ProbeConfig
         engine_steps=(tot.engine_steps / runs) if tot.engine_steps else None,
         tokens_per_engine_step=(tot.iteration_tokens / tot.engine_steps) if tot.engine_steps else None,
         others_cpu=others, clock=clock, engine=engine, environment=env,
+        engine_step_s=None if engine_step_s is None else round(engine_step_s, 7),
+        batch_occupancy=None if occupancy is None else round(occupancy, 4),
     )
 
 

@@ -2,7 +2,8 @@
 
 Records are ``{"probe", "params": {"engine": {label, speculative_config, ...}}, "values": {...}}`` as
 ``calibration/probes.py`` writes them: step_time values carry ``kind`` ("step"/"cycle"/"mixed"/"text_cycle"),
-``batch_size``, ``q``, ``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step``; prefill values
+``batch_size``, ``q``, ``temperature``, ``step_s``, ``relative_spread``, ``tokens_per_engine_step`` (cycles also
+``engine_step_s`` and ``batch_occupancy``); prefill values
 ``prompt_len``, ``batch_size``, ``prefill_s``; memory values ``kv_cache_tokens``. A later record of the same cell
 replaces an earlier one (a redo of part of the plan appends its records).
 """
@@ -224,6 +225,7 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
     if spreads:
         out.append(f"Repeats agreed to a median relative spread of {statistics.median(spreads) * 100:.1f} % "
                    f"(worst {max(spreads) * 100:.0f} %, over {len(spreads)} timed cells).")
+    out.extend(_drained_cycles(recs))
     out.extend(_co_scheduling(recs))
     out.extend(_host_speed(recs))
     for name, series in acceptance_series(measurements).items():
@@ -277,6 +279,24 @@ def _pick_batch(cells: dict, role: str, q: int, decode: dict[int, float], kind: 
     batches = [b for (r, kd, qq, t, b) in cells if r == role and kd == kind and qq == q and t == 0.0 and b in decode]
     small = [b for b in batches if b <= 8]
     return max(small) if small else (min(batches) if batches else None)
+
+
+def _drained_cycles(recs: list[Record]) -> list[str]:
+    """Whole cycles whose batch drained (``batch_occupancy`` well under B): the largest batch per engine role."""
+    drained: dict[str, tuple[int, dict[str, Any]]] = {}
+    for r in recs:
+        v = r.values
+        if r.probe != "step_time" or not all(is_number(v.get(x)) for x in (
+                "batch_size", "q", "step_s", "engine_step_s", "batch_occupancy")):
+            continue
+        b = int(v["batch_size"])
+        if float(v["batch_occupancy"]) < 0.8 * b and b >= drained.get(_engine_role(r), (0, {}))[0]:
+            drained[_engine_role(r)] = (b, v)
+    return [f"{role.replace('_', ' ')} cycles (k={int(v['q']) - 1}) at B={b} drained: their sequences finished at "
+            f"different steps, so vLLM ran its iterations at {float(v['batch_occupancy']):.1f} sequences on average, "
+            f"{_ms(float(v['engine_step_s']))} each ({_ms(float(v['step_s']))} per cycle of the mean sequence). The fit "
+            "prices them per iteration at that occupancy."
+            for role, (b, v) in sorted(drained.items())]
 
 
 def _co_scheduling(recs: list[Record]) -> list[str]:

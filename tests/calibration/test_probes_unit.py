@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import time
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 
@@ -163,6 +165,56 @@ def test_large_batches_time_fewer_tokens_on_the_engine_clock(monkeypatch):
     assert timed(probes.LARGE_BATCH - 1, "step") == [33]
     assert timed(1, "cycle") == timed(probes.LARGE_BATCH, "cycle") == [129]
     assert timed(256, "cycle") == [33]  # the KV cache planned for 32-token steps holds it
+
+
+def test_a_draining_batchs_cycles_are_timed_per_engine_iteration(monkeypatch):
+    """A copy drafter drafts for some sequences only, so they finish at different steps, and ``generate`` lasts
+    until the slowest. An engine whose iteration costs c0 + c1 per running sequence: half the batch accepts two
+    drafts a cycle, half none. Per mean cycle (the old accounting) the probe read a full-batch cycle 1.28x long; per
+    engine iteration it reads c(occupancy) exactly, and the fit prices that point at that occupancy."""
+    c0_s, c1_s, batch = 0.020, 0.002, 8
+    counters = SpecCounters()
+
+    class DrainingLLM:
+        def generate(self, prompts, params, use_tqdm=False):
+            n = params.max_tokens
+            cycles = [n - 1 if i % 2 else -(-(n - 1) // 3) for i in range(len(prompts))]  # 1 or 3 tokens a cycle
+            accepted = [n - 1 - c for c in cycles]
+            counters.num_accepted_tokens += sum(accepted)
+            counters.num_drafts += sum(c for c, a in zip(cycles, accepted) if a)
+            counters.engine_steps += 1 + max(cycles)  # the prefill, then iterations until the slowest finishes
+            self.wall_s = 0.05 + sum(c0_s + c1_s * sum(c >= j for c in cycles) for j in range(1, max(cycles) + 1))
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)))], metrics=None)
+                    for _ in prompts]
+
+    llm = DrainingLLM()
+
+    def timed(llm_, prompts, params):
+        outs = llm_.generate(prompts, params)
+        return llm_.wall_s, outs
+
+    monkeypatch.setattr(probes, "read_spec_counters", lambda _: dataclasses.replace(counters))
+    monkeypatch.setattr(probes, "_timed_generate", timed)
+    cfg = probes.ProbeConfig(repeats=1, max_repeats=1, guard_contention=False, decode_tokens=96).resolved(on_gpu=False)
+    m = probes.measure_step_time(llm, "ngram-k4", batch, 5, cfg, {}, {}, random.Random(0), kind="cycle")
+    assert m.clock == "wall" and 4 < m.batch_occupancy < 6
+    assert m.engine_step_s == pytest.approx(c0_s + c1_s * m.batch_occupancy, rel=1e-5)
+    assert m.step_s / (c0_s + c1_s * batch) > 1.25  # the mean cycle's accounting
+    plain = probes.measure_step_time(llm, "ngram-k4", batch, 5, cfg, {}, {}, random.Random(0))
+    assert plain.engine_step_s is None and plain.batch_occupancy is None  # decode and verify steps do not drain
+
+    from calibration.fit import step_points
+    from benchmarks.closed_loop import load_catalog
+
+    _, target = load_catalog()
+    record = {"probe": "step_time", "params": {"engine": {"speculative_config": {
+        "method": "ngram", "num_speculative_tokens": 4}}}, "values": dataclasses.asdict(m)}
+    (point,) = step_points([record], target)
+    assert point.kind == "cycle" and point.batch == m.batch_occupancy and point.seconds == m.engine_step_s
+    assert point.draft_fraction == pytest.approx(32 / (32 + 95), rel=0.01)  # per sequence-cycle: 32 of 32 + 95 draft
+    old = dict(record, values=dict(record["values"], engine_step_s=None, batch_occupancy=None))
+    (point,) = step_points([old], target)  # records of earlier runs keep their accounting
+    assert point.batch == batch and point.seconds == m.step_s
 
 
 def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():

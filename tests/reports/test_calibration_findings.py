@@ -45,6 +45,21 @@ def test_batches_not_co_scheduled_are_called_out():
     ]
 
 
+def test_cycles_whose_batch_drained_are_said_per_iteration():
+    """An n-gram engine's cycles at B = 8 on the CPU (2026-12-05 closed loop): the sequences that drafted finished
+    first, and vLLM ran its iterations at 4.2 sequences on average."""
+    def cycle(batch: int, occupancy: float, engine_step_s: float, step_s: float) -> dict:
+        return {"probe": "step_time", "params": {"engine": {"label": "ngram-k4", "speculative_config": {
+            "method": "ngram", "num_speculative_tokens": 4}}},
+                "values": {"kind": "cycle", "batch_size": batch, "q": 5, "step_s": step_s,
+                           "engine_step_s": engine_step_s, "batch_occupancy": occupancy}}
+
+    said = findings([cycle(4, 1.95, 0.0284, 0.0597), cycle(8, 4.17, 0.0346, 0.0690), cycle(2, 1.95, 0.03, 0.031)])
+    assert said == ["ngram cycles (k=4) at B=8 drained: their sequences finished at different steps, so vLLM ran its "
+                    "iterations at 4.2 sequences on average, 34.60 ms each (69.00 ms per cycle of the mean sequence). "
+                    "The fit prices them per iteration at that occupancy."]
+
+
 def test_nothing_to_say_about_unknown_records():
     assert findings([{"probe": "timing", "params": {"batch_size": 1}, "values": {"step_time_ms": 5}}]) == []
 
