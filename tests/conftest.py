@@ -19,6 +19,16 @@ EPHEMERAL_TABLES = ("plans", "metric_snapshots", "deployments", "recommendations
                     "probe_measurements", "calibration_runs", "api_tokens")
 
 
+def without_iteration_timing(records: list[dict]) -> list[dict]:
+    """Probe records as written before 2026-12-05: without the cycles' ``engine_step_s`` and ``batch_occupancy``
+    (calibration.probes.StepTiming), so the fit reads them per mean sequence's cycle. Records nest their values
+    (``{"probe", "params", "values"}``) or carry them flat (the serving benchmark's ``records.jsonl``)."""
+    def drop(values: dict) -> dict:
+        return {k: v for k, v in values.items() if k not in ("engine_step_s", "batch_occupancy")}
+
+    return [dict(r, values=drop(r["values"])) if isinstance(r.get("values"), dict) else drop(r) for r in records]
+
+
 def example_scenario(**changes) -> dict:
     """The README's example scenario (issue 3's shape); keyword arguments replace top-level fields."""
     scenario = {

@@ -294,8 +294,8 @@ def _drained_cycles(recs: list[Record]) -> list[str]:
             drained[_engine_role(r)] = (b, v)
     return [f"{role.replace('_', ' ')} cycles (k={int(v['q']) - 1}) at B={b} drained: their sequences finished at "
             f"different steps, so vLLM ran its iterations at {float(v['batch_occupancy']):.1f} sequences on average, "
-            f"{_ms(float(v['engine_step_s']))} each ({_ms(float(v['step_s']))} per cycle of the mean sequence). The fit "
-            "prices them per iteration at that occupancy."
+            f"{_ms(float(v['engine_step_s']))} each ({_ms(float(v['step_s']))} per cycle of the mean sequence). "
+            "The fit prices them per iteration at that occupancy."
             for role, (b, v) in sorted(drained.items())]
 
 

@@ -4,6 +4,7 @@ import pytest
 from benchmarks import closed_loop
 from calibration.probes import load_prompts, plan_engines
 from calibration.runner import probe_config
+from tests.conftest import without_iteration_timing
 
 
 def _plan():
@@ -40,19 +41,22 @@ def test_held_out_workloads_share_no_prompt_with_the_calibration():
             assert not any(prompt[:80] in p or p[:80] in prompt for p in probed), (case.name, prompt[:40])
 
 
-def test_stored_run_reanalysed_gives_the_documented_figures():
-    """docs/closed-loop.md's product-plan run, re-fitted and re-predicted from its stored records and measurements."""
+def _load(name: str) -> list[dict]:
+    """A stored closed loop's JSON lines (``benchmarks/data/NAME``)."""
     import json
 
     from tests.conftest import REPO
 
-    data = REPO / "benchmarks" / "data"
-    load = lambda name: [json.loads(x) for x in (data / name).read_text().splitlines() if x.strip()]  # noqa: E731
-    results, _ = closed_loop.compare(closed_loop.workloads(), load("closed_loop_2026-12-01-plan-measurements.jsonl"),
-                                     load("closed_loop_2026-12-01-plan-records.jsonl"))
+    return [json.loads(x) for x in (REPO / "benchmarks" / "data" / name).read_text().splitlines() if x.strip()]
+
+
+def test_stored_run_reanalysed_gives_the_documented_figures():
+    """docs/closed-loop.md's product-plan run, re-fitted and re-predicted from its stored records and measurements."""
+    results, _ = closed_loop.compare(closed_loop.workloads(), _load("closed_loop_2026-12-01-plan-measurements.jsonl"),
+                                     _load("closed_loop_2026-12-01-plan-records.jsonl"))
     assert len(results) == 9
     assert round(100 * closed_loop.median_abs_error(results), 1) == 6.8
-    assert sum(r.predicted_low <= r.measured_speedup <= r.predicted_high for r in results) == 9
+    assert _covered(results) == 9
     assert [r.name for r in results if (r.predicted_speedup > 1) != (r.measured_speedup > 1)] == ["json-b3"]
 
 
@@ -60,15 +64,10 @@ def test_run_on_an_amx_host_meets_every_cpu_target():
     """The same plan and workloads on another host class (2026-12-01 17:56, an Intel Xeon with AMX; the catalog's
     CPU-2core row describes an AMD EPYC, whose bf16 peak this host's prefill exceeds about 2x): median 7.2 %,
     sign 9/9, interval 8/9 (rag-b6, measured 1.60x above 1.48x). json-b3's sign is right by a hair: predicted
-    1.02x (0.96x on the earlier host), measured 1.23x -- its held-out prompts still draft on 44 % of steps against 22 % on the probe set."""
-    import json
-
-    from tests.conftest import REPO
-
-    data = REPO / "benchmarks" / "data"
-    load = lambda name: [json.loads(x) for x in (data / name).read_text().splitlines() if x.strip()]  # noqa: E731
-    results, _ = closed_loop.compare(closed_loop.workloads(), load("closed_loop_2026-12-01-amx-measurements.jsonl"),
-                                     load("closed_loop_2026-12-01-amx-records.jsonl"))
+    1.02x (0.96x on the earlier host), measured 1.23x -- its held-out prompts still draft on 44 % of steps against
+    22 % on the probe set."""
+    results, _ = closed_loop.compare(closed_loop.workloads(), _load("closed_loop_2026-12-01-amx-measurements.jsonl"),
+                                     _load("closed_loop_2026-12-01-amx-records.jsonl"))
     assert len(results) == 9 and round(100 * closed_loop.median_abs_error(results), 1) == 7.2
     assert all((r.predicted_speedup > 1) == (r.measured_speedup > 1) for r in results)
     assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == ["rag-b6"]
@@ -82,14 +81,9 @@ def test_a_third_host_misses_only_json_b3s_sign_on_its_drafted_fraction():
     prompts draft on 44 % of steps against 22 % on the probe set. At the drafted fraction measured its speculative
     TPOT comes out 10 % high instead of 27 %; the rest is its acceptance length (1.95 predicted, 2.24 measured)."""
     import dataclasses
-    import json
 
-    from tests.conftest import REPO
-
-    data = REPO / "benchmarks" / "data"
-    load = lambda name: [json.loads(x) for x in (data / name).read_text().splitlines() if x.strip()]  # noqa: E731
-    records = load("closed_loop_2026-12-04-records.jsonl")
-    results, _ = closed_loop.compare(closed_loop.workloads(), load("closed_loop_2026-12-04-measurements.jsonl"),
+    records = _load("closed_loop_2026-12-04-records.jsonl")
+    results, _ = closed_loop.compare(closed_loop.workloads(), _load("closed_loop_2026-12-04-measurements.jsonl"),
                                      records)
     assert len(results) == 9 and round(100 * closed_loop.median_abs_error(results), 1) == 4.3
     assert [r.name for r in results if (r.predicted_speedup > 1) != (r.measured_speedup > 1)] == ["json-b3"]
@@ -113,18 +107,11 @@ def _stored_loop(name: str, per_iteration: bool = True, long_step: bool = True):
     """A stored closed loop re-derived: its results and its step-time fit's rms. ``per_iteration=False`` drops the
     cycles' ``engine_step_s`` and ``batch_occupancy`` (the accounting until 2026-12-05: per mean sequence's cycle);
     ``long_step=False`` drops the target's decode step at 1,024 tokens of context."""
-    import json
-
-    from tests.conftest import REPO
-
-    data = REPO / "benchmarks" / "data"
-    load = lambda n: [json.loads(x) for x in (data / n).read_text().splitlines() if x.strip()]  # noqa: E731
-    records = [r for r in load(f"{name}-records.jsonl")
+    records = [r for r in _load(f"{name}-records.jsonl")
                if long_step or not (r["probe"] == "step_time" and r["values"].get("context_len", 0) > 500)]
     if not per_iteration:
-        records = [dict(r, values={k: v for k, v in r["values"].items()
-                                   if k not in ("engine_step_s", "batch_occupancy")}) for r in records]
-    results, _ = closed_loop.compare(closed_loop.workloads(), load(f"{name}-measurements.jsonl"), records)
+        records = without_iteration_timing(records)
+    results, _ = closed_loop.compare(closed_loop.workloads(), _load(f"{name}-measurements.jsonl"), records)
     gpu, target = closed_loop.load_catalog()
     _, fits = closed_loop.build_calibration(records, gpu, target)
     step = next(f for f in fits if f["kind"] == "step_time")

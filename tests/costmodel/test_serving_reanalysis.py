@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, without_iteration_timing
 
 ACCEPTANCE_30 = str(REPO / "benchmarks/data/acceptance-ngram-code-30.jsonl")
 
@@ -340,9 +340,6 @@ def test_run_s_calibrated_with_cycles_per_engine_iteration_within_15_percent_at_
     old_dir = tmp_path / "serving-run-s"
     shutil.copytree(REPO / "benchmarks/data/serving-run-s", old_dir)
     lines = [json.loads(x) for x in (old_dir / "records.jsonl").read_text().splitlines() if x.strip()]
-    for r in lines:
-        for key in ("engine_step_s", "batch_occupancy"):
-            r.get("values", r).pop(key, None)
-    (old_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (old_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in without_iteration_timing(lines)))
     old, _, old_within = reanalyse(str(old_dir), "--acceptance-records", ACCEPTANCE_30)
     assert _three_rates(old) == (24, set()) and sum(old_within.values()) == 29
