@@ -5,11 +5,16 @@ one of its threads only once bytes have arrived, so idle and kept-alive connecti
 trickles its header a byte at a time does hold one thread until the header is complete, not a whole process as
 with ``sync`` workers (where two such clients stalled the service). 64 threads per worker keep threads free
 with 50 trickling sockets even when one worker accepted them all (tests/api/test_gunicorn.py). Facing the
-internet, put a buffering proxy in front. Requests are CPU-bound (the cost model, JSON), so ``workers`` = cores;
-the threads overlap the database and the network.
+internet, put a buffering proxy in front. Requests are CPU-bound (the cost model, JSON), so ``workers`` = cores.
+
+Of a worker's threads, only ``app_threads`` (2) run the app at once; the others read headers, write responses and
+wait their turn. Sixteen requests in flight in one process took turns at the GIL and at the gthread worker's own
+loop, and ran slower than two at a time (docs/service.md, "Threads in the app"). A request that waits longer than
+``app_gate_timeout_s`` for its turn goes ahead anyway, so requests stuck on a hung database (each up to
+SPECADVISOR_DB_TIMEOUT_S) do not queue the ones behind them.
 
 Environment: SPECADVISOR_BIND (127.0.0.1:8000), SPECADVISOR_WORKERS (cores), SPECADVISOR_THREADS (64),
-PROMETHEUS_MULTIPROC_DIR (a fresh temporary folder unless given).
+SPECADVISOR_APP_THREADS (2; 0: no limit), PROMETHEUS_MULTIPROC_DIR (a fresh temporary folder unless given).
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ bind = os.environ.get("SPECADVISOR_BIND", "127.0.0.1:8000")
 worker_class = "gthread"
 workers = int(os.environ.get("SPECADVISOR_WORKERS") or os.cpu_count() or 2)
 threads = int(os.environ.get("SPECADVISOR_THREADS", "64"))
+app_threads = int(os.environ.get("SPECADVISOR_APP_THREADS", "2"))
+app_gate_timeout_s = 0.1
 keepalive = 5  # seconds an idle keep-alive connection is kept
 timeout = 60  # a worker that stops heart-beating this long is restarted
 graceful_timeout = 20
@@ -53,6 +60,25 @@ def post_worker_init(worker) -> None:  # noqa: ANN001
 
     gc.collect()
     gc.freeze()
+    if 0 < app_threads < threads:
+        worker.wsgi = gated(worker.wsgi, app_threads, app_gate_timeout_s)
+
+
+def gated(app, limit: int, timeout_s: float):  # noqa: ANN001, ANN201
+    """``app`` run by at most ``limit`` threads at once; a thread that waited ``timeout_s`` runs it anyway."""
+    import threading
+
+    gate = threading.BoundedSemaphore(limit)
+
+    def wsgi(environ, start_response):  # noqa: ANN001, ANN202
+        turn = gate.acquire(timeout=timeout_s)
+        try:
+            return app(environ, start_response)
+        finally:
+            if turn:
+                gate.release()
+
+    return wsgi
 
 
 def child_exit(server, worker) -> None:  # noqa: ANN001

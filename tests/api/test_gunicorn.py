@@ -75,3 +75,52 @@ def test_slow_clients_do_not_stall_the_others(server):
         assert max(timings) < 2.0, timings  # sync workers: a request waited 30 s for a slow one
     finally:
         stop.set()
+
+
+def _concurrency(app_limit: int, timeout_s: float, callers: int, release: threading.Event) -> int:
+    """Most callers inside the app at once, when ``callers`` threads call ``gated`` apps that wait for ``release``."""
+    from advisor.gunicorn_conf import gated
+
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def app(environ, start_response):  # noqa: ANN001, ANN202
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        release.wait(5)
+        with lock:
+            inside[0] -= 1
+        return [b"ok"]
+
+    wsgi = gated(app, app_limit, timeout_s)
+    threads = [threading.Thread(target=wsgi, args=({}, None)) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    release.set()
+    for t in threads:
+        t.join(10)
+    return most[0]
+
+
+def test_the_app_runs_on_a_few_threads_at_once_and_a_stuck_request_does_not_queue_the_others():
+    """The gthread workers' threads read headers for any number of slow clients, but only ``app_threads`` of them run
+    the app at once (docs/service.md, "Threads in the app"); a request that waited ``app_gate_timeout_s`` goes ahead,
+    so requests stuck on a hung database do not hold the others back."""
+    import advisor.gunicorn_conf as conf
+
+    assert 0 < conf.app_threads < conf.threads and conf.app_gate_timeout_s <= 0.1
+    assert _concurrency(2, 10.0, 6, threading.Event()) == 2  # they take turns
+    assert _concurrency(2, 0.05, 6, threading.Event()) == 6  # the turn never came (all stuck): they went ahead
+
+    class Worker:
+        wsgi = staticmethod(lambda environ, start_response: [b"ok"])
+
+    import gc
+
+    worker = Worker()
+    try:
+        conf.post_worker_init(worker)
+    finally:
+        gc.unfreeze()  # post_worker_init froze this test process's objects
+    assert worker.wsgi is not Worker.wsgi and worker.wsgi({}, None) == [b"ok"]
