@@ -77,10 +77,17 @@ def test_slow_clients_do_not_stall_the_others(server):
         stop.set()
 
 
-def _concurrency(app_limit: int, timeout_s: float, callers: int, release: threading.Event) -> int:
-    """Most callers inside the app at once, when ``callers`` threads call ``gated`` apps that wait for ``release``."""
-    from advisor.gunicorn_conf import gated
+def _conf(monkeypatch, tmp_path):  # noqa: ANN001, ANN202
+    """advisor/gunicorn_conf.py, imported with PROMETHEUS_MULTIPROC_DIR given: its import would otherwise set it in
+    this process for good, and every process the suite starts later (vLLM servers) would keep its metrics there."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    import advisor.gunicorn_conf as conf
 
+    return conf
+
+
+def _concurrency(gated, app_limit: int, timeout_s: float, callers: int, release: threading.Event) -> int:
+    """Most callers inside the app at once, when ``callers`` threads call ``gated`` apps that wait for ``release``."""
     inside, most, lock = [0], [0], threading.Lock()
 
     def app(environ, start_response):  # noqa: ANN001, ANN202
@@ -103,15 +110,14 @@ def _concurrency(app_limit: int, timeout_s: float, callers: int, release: thread
     return most[0]
 
 
-def test_the_app_runs_on_a_few_threads_at_once_and_a_stuck_request_does_not_queue_the_others():
+def test_the_app_runs_on_a_few_threads_at_once_and_a_stuck_request_does_not_queue_the_others(monkeypatch, tmp_path):
     """The gthread workers' threads read headers for any number of slow clients, but only ``app_threads`` of them run
     the app at once (docs/service.md, "Threads in the app"); a request that waited ``app_gate_timeout_s`` goes ahead,
     so requests stuck on a hung database do not hold the others back."""
-    import advisor.gunicorn_conf as conf
-
+    conf = _conf(monkeypatch, tmp_path)
     assert 0 < conf.app_threads < conf.threads and conf.app_gate_timeout_s <= 0.1
-    assert _concurrency(2, 10.0, 6, threading.Event()) == 2  # they take turns
-    assert _concurrency(2, 0.05, 6, threading.Event()) == 6  # the turn never came (all stuck): they went ahead
+    assert _concurrency(conf.gated, 2, 10.0, 6, threading.Event()) == 2  # they take turns
+    assert _concurrency(conf.gated, 2, 0.05, 6, threading.Event()) == 6  # the turn never came (all stuck): went ahead
 
     class Worker:
         wsgi = staticmethod(lambda environ, start_response: [b"ok"])
