@@ -2,6 +2,7 @@
 import pytest
 
 from benchmarks import closed_loop
+from benchmarks import gpu_closed_loop as gcl
 from calibration.probes import load_prompts, plan_engines
 from calibration.runner import probe_config
 from tests.conftest import without_iteration_timing
@@ -43,11 +44,7 @@ def test_held_out_workloads_share_no_prompt_with_the_calibration():
 
 def _load(name: str) -> list[dict]:
     """A stored closed loop's JSON lines (``benchmarks/data/NAME``)."""
-    import json
-
-    from tests.conftest import REPO
-
-    return [json.loads(x) for x in (REPO / "benchmarks" / "data" / name).read_text().splitlines() if x.strip()]
+    return gcl.load_jsonl(gcl.REPO_ROOT / "benchmarks" / "data" / name)
 
 
 def test_stored_run_reanalysed_gives_the_documented_figures():

@@ -1148,15 +1148,11 @@ SMOLLM2 = RUN.parent / "h200-vllm0.24-smollm2"
 CPU_LOOPS = RUN.parent
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _acceptance_lengths(path: Path) -> dict[tuple, tuple[float, float]]:
     """(method, structure, T) -> (vLLM's AL over drafted steps, the fraction of steps that drafted)."""
     return {(v["method"], v["structure"], v["temperature"]): (1 + v["num_accepted_tokens"] / v["num_drafts"],
                                                              v["drafted_fraction"])
-            for r in _jsonl(path) if r["probe"] == "acceptance" and (v := r["values"])}
+            for r in gcl.load_jsonl(path) if r["probe"] == "acceptance" and (v := r["values"])}
 
 
 def _al_gap(a: dict, b: dict, method: str) -> tuple[float, float]:
@@ -1189,11 +1185,11 @@ def test_real_weight_closed_loop_on_the_h200_charges_the_steps_that_draft_in_par
     by 55.3 % and 57.1 %, every n-gram answer "calibrate" (docs/gpu-closed-loop.md, "Real weights")."""
     from benchmarks import closed_loop as cl
 
-    records = _jsonl(SMOLLM2 / "calibration-records.jsonl")
+    records = gcl.load_jsonl(SMOLLM2 / "calibration-records.jsonl")
     runs = []
     for d in (SMOLLM2, SMOLLM2.with_name(SMOLLM2.name + "-remeasure")):
-        results, fits = cl.compare(cl.workloads(), cl.pool_measurements(_jsonl(d / "measurements.jsonl")), records,
-                                   gpu_name="H200-SXM")
+        measured = cl.pool_measurements(gcl.load_jsonl(d / "measurements.jsonl"))
+        results, fits = cl.compare(cl.workloads(), measured, records, gpu_name="H200-SXM")
         runs.append(results)
     steps = {(v["kind"], v["batch_size"], v["q"], v["temperature"]): v["step_s"]
              for r in records if r["probe"] == "step_time" and r["params"]["engine"]["label"] == "verify-k4"
@@ -1256,13 +1252,13 @@ def test_text_cycles_price_the_ngram_engines_steps_on_two_fresh_leases():
 
     floors, cycle_errors, speedup_errors = [], [], []
     for lease in TEXT_LEASES:
-        records = _jsonl(lease / "calibration-records.jsonl")
+        records = gcl.load_jsonl(lease / "calibration-records.jsonl")
         text = {r["values"]["batch_size"]: r["values"] for r in records
                 if r["probe"] == "step_time" and r["values"].get("kind") == "text_cycle"}
         assert sorted(text) == [1, 4, 8] and all(v["clock"] == "engine" for v in text.values())
         assert all(v["num_drafts"] < 0.15 * v["batch_size"] * v["steps"] * len(v["step_s_samples"])
                    for v in text.values())  # on real text most sequence steps find no match
-        measured = cl.pool_measurements(_jsonl(lease / "measurements.jsonl"))
+        measured = cl.pool_measurements(gcl.load_jsonl(lease / "measurements.jsonl"))
         without = [r for r in records if r["values"].get("kind") != "text_cycle"]
         lease_floors, lease_errors = [], []
         for recs in (records, without):
@@ -1281,6 +1277,6 @@ def test_text_cycles_price_the_ngram_engines_steps_on_two_fresh_leases():
     assert [round(e, 3) for e in speedup_errors] == [0.32, 0.171]
     from advisor.reports.calibration_findings import findings
 
-    (said,) = [f for f in findings(_jsonl(TEXT_LEASES[0] / "calibration-records.jsonl")) if "text" in f]
+    (said,) = [f for f in findings(gcl.load_jsonl(TEXT_LEASES[0] / "calibration-records.jsonl")) if "text" in f]
     assert said.startswith("On the probe prompts' text, ngram cycles (k=4) at B=8 took 6.79 ms, 2.27× a uniform "
                            "verify step of that width (3.00 ms); 10% of the sequences' steps drafted.")

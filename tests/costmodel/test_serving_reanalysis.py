@@ -333,13 +333,15 @@ def test_run_s_calibrated_with_cycles_per_engine_iteration_within_15_percent_at_
     import json
     import shutil
 
+    from benchmarks import gpu_closed_loop as gcl
+
     result, rows, within = reanalyse("serving-run-s", "--acceptance-records", ACCEPTANCE_30)
     assert result.cells == 32 and sum(within.values()) == 27
     assert _three_rates(result) == (24, set())
     assert rows[("baseline", 0.7)].errors["ttft_p50"] == pytest.approx(-0.126, abs=0.005)
     old_dir = tmp_path / "serving-run-s"
     shutil.copytree(REPO / "benchmarks/data/serving-run-s", old_dir)
-    lines = [json.loads(x) for x in (old_dir / "records.jsonl").read_text().splitlines() if x.strip()]
+    lines = gcl.load_jsonl(old_dir / "records.jsonl")
     (old_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in without_iteration_timing(lines)))
     old, _, old_within = reanalyse(str(old_dir), "--acceptance-records", ACCEPTANCE_30)
     assert _three_rates(old) == (24, set()) and sum(old_within.values()) == 29
