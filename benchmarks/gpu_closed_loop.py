@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -522,15 +523,19 @@ def shipped_profile(vllm_version: str = "0.24"):
                                                 and p["vllm_version"] == vllm_version))
 
 
-def predict_measurements(workdir: Path, records: list[dict], profile=None) -> tuple[list[Point], dict]:  # noqa: ANN001
+def predict_measurements(workdir: Path, records: list[dict], profile=None,  # noqa: ANN001
+                         adjust: Callable[[Any], Any] | None = None) -> tuple[list[Point], dict]:
     """``workdir``'s measured points, each with the speedup ``predict`` gives from the calibration ``records``, or
     with ``profile`` (a ``MeasuredEngineProfile``) from that profile and no calibration (the records then give only
-    n-gram's drafted fraction, a workload input); and the fits (``fit_run``'s results)."""
+    n-gram's drafted fraction, a workload input); and the fits (``fit_run``'s results). ``adjust``: the fitted
+    ``Calibration`` -> the one to predict from (an experiment on the fit's output, benchmarks/calibration_tally.py)."""
     from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
     gpu, target, draft = catalog_specs(run_drafter(records))
     cal, results = build_gpu_calibration(records, gpu, target, draft)
+    if adjust is not None:
+        cal = adjust(cal)
     tp = tensor_parallel_size(records)
     rows = measurement_rows(workdir)
     base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
