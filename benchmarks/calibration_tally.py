@@ -89,7 +89,7 @@ def start_spread() -> float:
 @dataclass
 class Tally:
     variant: str
-    calibrations: dict[str, dict[str, float]]  # name -> median, ngram, draft_model, coverage
+    calibrations: dict[str, dict[str, float]]  # name -> median, ngram, draft_model (and signed), coverage
     mean_median: float
     median_median: float
     within_10_percent: int
@@ -131,6 +131,7 @@ def tally(variant: str, spread: float | None = None) -> Tally:
             per[cal] = {"median": summary["median_abs_error"],
                         "ngram": _median([abs(p.error) for p in points if p.method == "ngram"]),
                         "draft_model": _median([abs(p.error) for p in points if p.method != "ngram"]),
+                        "draft_model_signed": statistics.median(p.error for p in points if p.method != "ngram"),
                         "coverage": summary["interval_coverage"]}
             signs += summary["sign_right"]
             covered += sum(p.low <= p.measured <= p.high for p in points)
