@@ -86,6 +86,65 @@ def start_spread() -> float:
     return statistics.stdev(logs)
 
 
+# every bf16 lease with a closed loop of the draft model and n-gram (tests/calibration/test_gpu_data.py BF16_LEASES)
+BF16_LEASES = ("", "-run2", "-run3", "-run4", "-run5", "-run7", "-run8", "-run9", "-run10", "-run13", "-run14",
+               "-run15", "-run16", "-run17")
+
+
+def fit_version(variant: str, spread: float) -> tuple[Callable[[list[dict]], list[dict]], Callable[[Any], Any] | None]:
+    """(records -> the records the variant fits, calibration -> the one it predicts from)."""
+    keep = off_graph_left_out if variant.startswith("off-graph-left-out") else (lambda records: records)
+    return keep, with_proposer_floor(spread) if variant.endswith("start-spread") else None
+
+
+def profile_for(variant: str, spread: float) -> Any:
+    """The shipped profile, or the profile the variant's fit makes of the same five calibrations (in memory)."""
+    from advisor.costmodel.types import MeasuredEngineProfile
+
+    if variant == "as-shipped":
+        return gcl.shipped_profile()
+    keep, adjust = fit_version(variant, spread)
+    records = keep(gcl.pooled_records([REPO_ROOT / p for p in gcl.PROFILE_POOL],
+                                      gcl.load_jsonl(REPO_ROOT / gcl.PROFILE_LONG_CONTEXT)))
+    gpu, target, draft = gcl.catalog_specs(gcl.run_drafter(records))
+    cal, _ = gcl.build_gpu_calibration(records, gpu, target, draft)
+    cal = adjust(cal) if adjust else cal
+    item = next(p for p in json.loads(gcl.PROFILES_FILE.read_text())["items"] if p["name"] == "H200-SXM × vLLM 0.24")
+    return MeasuredEngineProfile.from_dict({**item, "step_time": cal.step_time[target.name].to_dict(),
+                                            "prefill": cal.prefill[target.name].to_dict(),
+                                            "drafters": {**item["drafters"], draft.name: cal.step_time[draft.name].to_dict()}})
+
+
+@dataclass
+class LeaseTally:
+    """Every bf16 lease's closed loop (one measurement each) from its own first calibration or from the profile."""
+    variant: str
+    source: str  # "own" | "profile"
+    medians: dict[str, float]
+    mean: float
+    median: float
+    signs_right: int
+    covered: int
+    points: int
+
+
+def fourteen_leases(variant: str, source: str, spread: float) -> LeaseTally:
+    keep, adjust = fit_version(variant, spread)
+    profile = profile_for(variant, spread) if source == "profile" else None
+    medians, signs, covered, n = {}, 0, 0, 0
+    for suffix in BF16_LEASES:
+        lease = DATA / f"h200-vllm0.24{suffix}"
+        points, _ = gcl.predict_measurements(lease, keep(gcl.calibration_records(lease)), profile,
+                                             adjust=None if profile else adjust)
+        summary = gcl.summarise(points)
+        medians[lease.name] = summary["median_abs_error"]
+        signs += summary["sign_right"]
+        covered += sum(p.low <= p.measured <= p.high for p in points)
+        n += len(points)
+    return LeaseTally(variant, source, medians, statistics.fmean(medians.values()), statistics.median(medians.values()),
+                      signs, covered, n)
+
+
 @dataclass
 class Tally:
     variant: str
@@ -115,15 +174,11 @@ def tally(variant: str, spread: float | None = None) -> Tally:
         later = [run_dir(f"{lease}-remeasure")] if run_dir(f"{lease}-remeasure").exists() else []
         others = [run_dir(c) for other, cs in LEASES.items() if other != lease for c in cs]
         for cal in cals:
-            adjust = None
+            keep, adjust = fit_version(variant, start_spread() if spread is None else spread)
             if variant == "pooled-across-leases":
                 records = gcl.pooled_records([run_dir(cal), *others])
-            elif variant.startswith("off-graph-left-out"):
-                records = off_graph_left_out(gcl.calibration_records(run_dir(cal)))
-                if variant.endswith("start-spread"):
-                    adjust = with_proposer_floor(spread if spread is not None else start_spread())
             else:
-                records = gcl.calibration_records(run_dir(cal))
+                records = keep(gcl.calibration_records(run_dir(cal)))
             points, _ = gcl.predict_measurements(run_dir(lease), records, adjust=adjust)
             if later:
                 points = gcl.pool_measurements(points, [gcl.measured_speedups(d) for d in later])
@@ -149,12 +204,15 @@ def tally(variant: str, spread: float | None = None) -> Tally:
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument("--spread", type=float, help="the proposer σ floor of the start-spread versions "
+                        "(default: start_spread(), the spread between the thirteen fits)")
     parser.add_argument("--json", type=Path, help="also write the tallies here")
 
 
 def main(args: argparse.Namespace) -> int:
-    spread = start_spread()
-    print(f"start spread: sigma of ln(proposer overhead) over {sum(map(len, LEASES.values()))} fits = {spread:.3f}")
+    measured = start_spread()
+    print(f"start spread: sigma of ln(proposer overhead) over {sum(map(len, LEASES.values()))} fits = {measured:.3f}")
+    spread = measured if args.spread is None else args.spread
     tallies = [tally(v.strip(), spread) for v in args.variants.split(",") if v.strip()]
     print(f"\n{'version':34s} {'mean':>6s} {'median':>6s} {'<=10%':>5s} {'n-gram':>6s} {'draft':>6s} "
           f"{'signs':>9s} {'covers':>9s} {'min cov':>7s}")
@@ -165,9 +223,15 @@ def main(args: argparse.Namespace) -> int:
     for t in tallies:
         print(f"\n{t.variant}: n-gram signed error by acceptance/B: "
               + " ".join(f"{k} {v:+.3f}" for k, v in t.ngram_bias.items()))
+    leases = [fourteen_leases(v, source, spread) for v in ("as-shipped", "off-graph-left-out+start-spread")
+              for source in ("own", "profile")]
+    print(f"\nevery bf16 lease ({len(BF16_LEASES)}), one measurement each:")
+    for t in leases:
+        print(f"{t.variant:34s} {t.source:8s} mean {t.mean:6.1%} median {t.median:6.1%} signs {t.signs_right}/{t.points} "
+              f"covers {t.covered}/{t.points}")
     if args.json:
-        args.json.write_text(json.dumps({"start_spread": spread, "tallies": [dataclasses.asdict(t) for t in tallies]},
-                                        indent=1) + "\n")
+        args.json.write_text(json.dumps({"start_spread": spread, "tallies": [dataclasses.asdict(t) for t in tallies],
+                                         "leases": [dataclasses.asdict(t) for t in leases]}, indent=1) + "\n")
     return 0
 
 

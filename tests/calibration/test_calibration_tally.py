@@ -58,3 +58,27 @@ def test_what_the_tally_says():
     signed = [c["draft_model_signed"] for c in shipped["calibrations"].values()]
     assert sum(e > 0 for e in signed) == 8 and max(signed) > 0.5 and min(signed) > -0.15
     assert {t["within_10_percent"] for t in (shipped, left_out, spread)} <= {5, 6}
+
+
+LEASES = {(t["variant"], t["source"]): t for t in STORED["leases"]}
+
+
+@pytest.mark.parametrize("variant", ["as-shipped", "off-graph-left-out+start-spread"])
+@pytest.mark.parametrize("source", ["own", "profile"])
+def test_every_bf16_lease(variant, source, spread):
+    got, stored = ct.fourteen_leases(variant, source, spread), LEASES[variant, source]
+    assert (got.signs_right, got.covered, got.points) == (stored["signs_right"], stored["covered"], stored["points"])
+    assert got.medians == pytest.approx(stored["medians"], rel=1e-3, abs=1e-4)
+
+
+def test_what_every_bf16_lease_says():
+    """Over all fourteen bf16 leases the change is mixed: signs gain, coverage loses 5 points, and the profile it
+    would refit predicts a little worse (run 1's n-gram, timed before the plan as it ships, goes more optimistic)."""
+    before_own, before_profile = LEASES["as-shipped", "own"], LEASES["as-shipped", "profile"]
+    after_own, after_profile = LEASES["off-graph-left-out+start-spread", "own"], LEASES[
+        "off-graph-left-out+start-spread", "profile"]
+    assert after_own["signs_right"] > before_own["signs_right"] and after_own["median"] < before_own["median"]
+    assert after_profile["mean"] > before_profile["mean"] and after_profile["median"] > before_profile["median"]
+    for after, before in ((after_own, before_own), (after_profile, before_profile)):
+        assert before["covered"] - after["covered"] > 0.04 * before["points"]
+    assert after_profile["medians"]["h200-vllm0.24"] > before_profile["medians"]["h200-vllm0.24"]
