@@ -19,7 +19,9 @@ counts them). Four versions:
 
 Per version: the mean and median over the calibrations of the median |error|, how many are ≤ 10 %, the n-gram and
 draft-model medians, signs right and intervals covering over all points, and the median signed n-gram error per
-(acceptance, batch size).
+(acceptance, batch size). Then the fit as it ships and the last version on every bf16 lease
+(``gcl.BF16_LEASES``, one measurement each), from each lease's own first calibration and from the engine profile
+(the changed fit's profile refitted in memory from the same five calibrations).
 
     python -m benchmarks.calibration_tally [--json OUT]
 """
@@ -86,11 +88,6 @@ def start_spread() -> float:
     return statistics.stdev(logs)
 
 
-# every bf16 lease with a closed loop of the draft model and n-gram (tests/calibration/test_gpu_data.py BF16_LEASES)
-BF16_LEASES = ("", "-run2", "-run3", "-run4", "-run5", "-run7", "-run8", "-run9", "-run10", "-run13", "-run14",
-               "-run15", "-run16", "-run17")
-
-
 def fit_version(variant: str, spread: float) -> tuple[Callable[[list[dict]], list[dict]], Callable[[Any], Any] | None]:
     """(records -> the records the variant fits, calibration -> the one it predicts from)."""
     keep = off_graph_left_out if variant.startswith("off-graph-left-out") else (lambda records: records)
@@ -110,9 +107,9 @@ def profile_for(variant: str, spread: float) -> Any:
     cal, _ = gcl.build_gpu_calibration(records, gpu, target, draft)
     cal = adjust(cal) if adjust else cal
     item = next(p for p in json.loads(gcl.PROFILES_FILE.read_text())["items"] if p["name"] == "H200-SXM × vLLM 0.24")
+    drafters = {**item["drafters"], draft.name: cal.step_time[draft.name].to_dict()}
     return MeasuredEngineProfile.from_dict({**item, "step_time": cal.step_time[target.name].to_dict(),
-                                            "prefill": cal.prefill[target.name].to_dict(),
-                                            "drafters": {**item["drafters"], draft.name: cal.step_time[draft.name].to_dict()}})
+                                            "prefill": cal.prefill[target.name].to_dict(), "drafters": drafters})
 
 
 @dataclass
@@ -132,8 +129,8 @@ def fourteen_leases(variant: str, source: str, spread: float) -> LeaseTally:
     keep, adjust = fit_version(variant, spread)
     profile = profile_for(variant, spread) if source == "profile" else None
     medians, signs, covered, n = {}, 0, 0, 0
-    for suffix in BF16_LEASES:
-        lease = DATA / f"h200-vllm0.24{suffix}"
+    for name in gcl.BF16_LEASES:
+        lease = DATA / name
         points, _ = gcl.predict_measurements(lease, keep(gcl.calibration_records(lease)), profile,
                                              adjust=None if profile else adjust)
         summary = gcl.summarise(points)
@@ -225,10 +222,10 @@ def main(args: argparse.Namespace) -> int:
               + " ".join(f"{k} {v:+.3f}" for k, v in t.ngram_bias.items()))
     leases = [fourteen_leases(v, source, spread) for v in ("as-shipped", "off-graph-left-out+start-spread")
               for source in ("own", "profile")]
-    print(f"\nevery bf16 lease ({len(BF16_LEASES)}), one measurement each:")
+    print(f"\nevery bf16 lease ({len(gcl.BF16_LEASES)}), one measurement each:")
     for t in leases:
-        print(f"{t.variant:34s} {t.source:8s} mean {t.mean:6.1%} median {t.median:6.1%} signs {t.signs_right}/{t.points} "
-              f"covers {t.covered}/{t.points}")
+        print(f"{t.variant:34s} {t.source:8s} mean {t.mean:6.1%} median {t.median:6.1%} "
+              f"signs {t.signs_right}/{t.points} covers {t.covered}/{t.points}")
     if args.json:
         args.json.write_text(json.dumps({"start_spread": spread, "tallies": [dataclasses.asdict(t) for t in tallies],
                                          "leases": [dataclasses.asdict(t) for t in leases]}, indent=1) + "\n")

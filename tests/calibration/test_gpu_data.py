@@ -153,13 +153,6 @@ def test_profile_gives_measured_answers(specs):
     assert wide["engine_profile"] is None and wide["decision"] != "go"
 
 
-BF16_LEASES = ("h200-vllm0.24", "h200-vllm0.24-run2", "h200-vllm0.24-run3", "h200-vllm0.24-run4",
-               "h200-vllm0.24-run5", "h200-vllm0.24-run7", "h200-vllm0.24-run8", "h200-vllm0.24-run9",
-               "h200-vllm0.24-run10", "h200-vllm0.24-run13", "h200-vllm0.24-run14",
-               "h200-vllm0.24-run15", "h200-vllm0.24-run16", "h200-vllm0.24-run17")  # one measurement per lease
-# (run 6 measured none)
-
-
 def test_profile_predicts_every_lease():
     """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the fourteen bf16 leases'
     closed loops within a mean 12.1 % (median 10.7 %), every sign right but at break-even, where run 1's fit alone (the
@@ -168,7 +161,7 @@ def test_profile_predicts_every_lease():
     profile shipped, 8.8 %, 8.5 %, 7.4 % and 10.9 %."""
     profile = gcl.shipped_profile()
     medians = {}
-    for name in BF16_LEASES:
+    for name in gcl.BF16_LEASES:
         points, _ = gcl.predict_measurements(RUN.parent / name, gcl.calibration_records(RUN.parent / name), profile)
         summary = gcl.summarise(points)
         medians[name] = summary["median_abs_error"]
