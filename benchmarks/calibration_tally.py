@@ -16,10 +16,12 @@ counts them). Four versions:
 - ``off-graph-left-out+start-spread``: as above, and the proposer overhead's σ in the interval at least the spread
   of that overhead between the thirteen fits (``start_spread``: a host-bound draft model changes speed between
   engine starts, which one calibration's repeats cannot see).
+- ``off-graph-left-out+implied-spread``: the same, with the floor at how far a calibration's proposer overhead lands
+  from what its lease's measurement ran (``implied_proposer_spread``).
 
 Per version: the mean and median over the calibrations of the median |error|, how many are ≤ 10 %, the n-gram and
 draft-model medians, signs right and intervals covering over all points, and the median signed n-gram error per
-(acceptance, batch size). Then the fit as it ships and the last version on every bf16 lease
+(acceptance, batch size). Then the fit as it ships and the two floored versions on every bf16 lease
 (``gcl.BF16_LEASES``, one measurement each), from each lease's own first calibration and from the engine profile
 (the changed fit's profile refitted in memory from the same five calibrations).
 
@@ -36,6 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -48,7 +51,8 @@ DATA = REPO_ROOT / "benchmarks" / "data"
 LEASES = {"run10": ("run10", "run10-second", "run10-third"), "run13": ("run13", "run13-second"),
           "run14": ("run14", "run14-second"), "run15": ("run15", "run15-second"),
           "run16": ("run16", "run16-second"), "run17": ("run17", "run17-second")}
-VARIANTS = ("as-shipped", "pooled-across-leases", "off-graph-left-out", "off-graph-left-out+start-spread")
+VARIANTS = ("as-shipped", "pooled-across-leases", "off-graph-left-out", "off-graph-left-out+start-spread",
+            "off-graph-left-out+implied-spread")
 
 
 def run_dir(name: str) -> Path:
@@ -88,10 +92,40 @@ def start_spread() -> float:
     return statistics.stdev(logs)
 
 
+def implied_proposer_spread() -> float:
+    """How far a calibration's draft-model proposer overhead lands from what its lease's measurement ran, in log
+    (RMS over the thirteen calibrations' draft-model points, off-graph steps left out): each point's
+    ln(predicted / measured speedup) over the drafter's share of the cycle (the answer's ``step_ms``), as
+    ``calibration.fit.repeat_spread_floors`` scales a cycle's spread to its proposer's (delta method)."""
+    import advisor.costmodel as costmodel
+
+    logs = []
+    for lease, cals in LEASES.items():
+        later = [run_dir(f"{lease}-remeasure")] if run_dir(f"{lease}-remeasure").exists() else []
+        for cal in cals:
+            shares: list[float] = []
+            predict = costmodel.predict
+
+            def sharing(*args: Any, **kwargs: Any) -> Any:
+                answer = predict(*args, **kwargs)
+                step = answer.to_dict()["step_ms"]
+                shares.append(step["draft"] / step["cycle"])
+                return answer
+
+            with mock.patch.object(costmodel, "predict", sharing):  # predict_measurements: one answer per point
+                points, _ = gcl.predict_measurements(run_dir(lease),
+                                                     off_graph_left_out(gcl.calibration_records(run_dir(cal))))
+            if later:
+                points = gcl.pool_measurements(points, [gcl.measured_speedups(d) for d in later])
+            logs += [math.log(p.predicted / p.measured) / share for p, share in zip(points, shares, strict=True)
+                     if p.method != "ngram"]
+    return math.sqrt(statistics.fmean(x * x for x in logs))
+
+
 def fit_version(variant: str, spread: float) -> tuple[Callable[[list[dict]], list[dict]], Callable[[Any], Any] | None]:
     """(records -> the records the variant fits, calibration -> the one it predicts from)."""
     keep = off_graph_left_out if variant.startswith("off-graph-left-out") else (lambda records: records)
-    return keep, with_proposer_floor(spread) if variant.endswith("start-spread") else None
+    return keep, with_proposer_floor(spread) if variant.endswith("-spread") else None
 
 
 def profile_for(variant: str, spread: float) -> Any:
@@ -202,15 +236,21 @@ def tally(variant: str, spread: float | None = None) -> Tally:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--spread", type=float, help="the proposer σ floor of the start-spread versions "
-                        "(default: start_spread(), the spread between the thirteen fits)")
+                        "(default: start_spread(), the spread between the thirteen fits; the implied-spread "
+                        "versions take implied_proposer_spread())")
     parser.add_argument("--json", type=Path, help="also write the tallies here")
 
 
 def main(args: argparse.Namespace) -> int:
-    measured = start_spread()
-    print(f"start spread: sigma of ln(proposer overhead) over {sum(map(len, LEASES.values()))} fits = {measured:.3f}")
+    measured, implied = start_spread(), implied_proposer_spread()
+    print(f"start spread: sigma of ln(proposer overhead) over {sum(map(len, LEASES.values()))} fits = {measured:.3f}; "
+          f"calibration to measurement: {implied:.3f}")
     spread = measured if args.spread is None else args.spread
-    tallies = [tally(v.strip(), spread) for v in args.variants.split(",") if v.strip()]
+
+    def floor(variant: str) -> float:
+        return implied if variant.endswith("implied-spread") else spread
+
+    tallies = [tally(v.strip(), floor(v.strip())) for v in args.variants.split(",") if v.strip()]
     print(f"\n{'version':34s} {'mean':>6s} {'median':>6s} {'<=10%':>5s} {'n-gram':>6s} {'draft':>6s} "
           f"{'signs':>9s} {'covers':>9s} {'min cov':>7s}")
     for t in tallies:
@@ -220,14 +260,16 @@ def main(args: argparse.Namespace) -> int:
     for t in tallies:
         print(f"\n{t.variant}: n-gram signed error by acceptance/B: "
               + " ".join(f"{k} {v:+.3f}" for k, v in t.ngram_bias.items()))
-    leases = [fourteen_leases(v, source, spread) for v in ("as-shipped", "off-graph-left-out+start-spread")
+    leases = [fourteen_leases(v, source, floor(v)) for v in ("as-shipped", "off-graph-left-out+start-spread",
+                                                             "off-graph-left-out+implied-spread")
               for source in ("own", "profile")]
     print(f"\nevery bf16 lease ({len(gcl.BF16_LEASES)}), one measurement each:")
     for t in leases:
         print(f"{t.variant:34s} {t.source:8s} mean {t.mean:6.1%} median {t.median:6.1%} "
               f"signs {t.signs_right}/{t.points} covers {t.covered}/{t.points}")
     if args.json:
-        args.json.write_text(json.dumps({"start_spread": spread, "tallies": [dataclasses.asdict(t) for t in tallies],
+        args.json.write_text(json.dumps({"start_spread": spread, "implied_spread": implied,
+                                         "tallies": [dataclasses.asdict(t) for t in tallies],
                                          "leases": [dataclasses.asdict(t) for t in leases]}, indent=1) + "\n")
     return 0
 

@@ -18,6 +18,19 @@ def spread() -> float:
     return ct.start_spread()
 
 
+@pytest.fixture(scope="module")
+def implied() -> float:
+    """How far the thirteen calibrations' draft-model proposer overhead lands from what their leases' measurements
+    ran (in log, RMS; +0.14 of it a bias: the calibrations caught the drafter faster)."""
+    value = ct.implied_proposer_spread()
+    assert value == pytest.approx(STORED["implied_spread"], rel=1e-4) and 0.35 < value < 0.40
+    return value
+
+
+def _floor(variant: str, spread: float, implied: float) -> float:
+    return implied if variant.endswith("implied-spread") else spread
+
+
 def test_the_off_graph_steps_are_the_verify_engines_plain_steps_at_widths_other_than_k_plus_one():
     records = ct.gcl.calibration_records(ct.run_dir("run17"))
     left = ct.off_graph_left_out(records)
@@ -28,10 +41,11 @@ def test_the_off_graph_steps_are_the_verify_engines_plain_steps_at_widths_other_
     assert len(gone) == 11 and len(left) == len(records) - 11  # its full-width (q = 6) steps and every cycle stay
 
 
-@pytest.mark.parametrize("variant", ["as-shipped", "off-graph-left-out", "off-graph-left-out+start-spread"])
-def test_tally(variant, spread):
+@pytest.mark.parametrize("variant", ["as-shipped", "off-graph-left-out", "off-graph-left-out+start-spread",
+                                     "off-graph-left-out+implied-spread"])
+def test_tally(variant, spread, implied):
     assert spread == pytest.approx(STORED["start_spread"], rel=1e-4)
-    got, stored = ct.tally(variant, spread), TALLIES[variant]
+    got, stored = ct.tally(variant, _floor(variant, spread, implied)), TALLIES[variant]
     assert (got.signs_right, got.covered, got.points, got.within_10_percent) == (
         stored["signs_right"], stored["covered"], stored["points"], stored["within_10_percent"])
     assert got.mean_median == pytest.approx(stored["mean_median"], rel=1e-4)
@@ -63,10 +77,11 @@ def test_what_the_tally_says():
 LEASES = {(t["variant"], t["source"]): t for t in STORED["leases"]}
 
 
-@pytest.mark.parametrize("variant", ["as-shipped", "off-graph-left-out+start-spread"])
+@pytest.mark.parametrize("variant", ["as-shipped", "off-graph-left-out+start-spread",
+                                     "off-graph-left-out+implied-spread"])
 @pytest.mark.parametrize("source", ["own", "profile"])
-def test_every_bf16_lease(variant, source, spread):
-    got, stored = ct.fourteen_leases(variant, source, spread), LEASES[variant, source]
+def test_every_bf16_lease(variant, source, spread, implied):
+    got, stored = ct.fourteen_leases(variant, source, _floor(variant, spread, implied)), LEASES[variant, source]
     assert (got.signs_right, got.covered, got.points) == (stored["signs_right"], stored["covered"], stored["points"])
     assert got.medians == pytest.approx(stored["medians"], rel=1e-3, abs=1e-4)
 
@@ -82,3 +97,10 @@ def test_what_every_bf16_lease_says():
     for after, before in ((after_own, before_own), (after_profile, before_profile)):
         assert before["covered"] - after["covered"] > 0.04 * before["points"]
     assert after_profile["medians"]["h200-vllm0.24"] > before_profile["medians"]["h200-vllm0.24"]
+    # with the floor at the drafter's measured calibration-to-measurement spread, coverage comes back to within
+    # 3.5 points, signs and errors as without it
+    for source in ("own", "profile"):
+        floored, before = LEASES["off-graph-left-out+implied-spread", source], LEASES["as-shipped", source]
+        assert before["covered"] - 0.035 * before["points"] < floored["covered"] < before["covered"]
+        assert floored["signs_right"] == LEASES["off-graph-left-out+start-spread", source]["signs_right"]
+    assert TALLIES["off-graph-left-out+implied-spread"]["min_coverage"] > 0.85
