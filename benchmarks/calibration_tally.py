@@ -80,6 +80,14 @@ def with_proposer_floor(sigma: float) -> Callable[[Any], Any]:
     return adjust
 
 
+def lease_points(lease: str, records: list[dict], adjust: Callable[[Any], Any] | None = None) -> list[Any]:
+    """The lease's measured points predicted from the calibration ``records``, each measured speedup pooled with the
+    lease's later measurement where there is one (``gcl.pool_measurements``)."""
+    points, _ = gcl.predict_measurements(run_dir(lease), records, adjust=adjust)
+    later = run_dir(f"{lease}-remeasure")
+    return gcl.pool_measurements(points, [gcl.measured_speedups(later)]) if later.exists() else points
+
+
 def start_spread() -> float:
     """σ of ln(the fitted proposer overhead) over the thirteen calibrations, off-graph steps left out."""
     logs = []
@@ -101,7 +109,6 @@ def implied_proposer_spread() -> float:
 
     logs = []
     for lease, cals in LEASES.items():
-        later = [run_dir(f"{lease}-remeasure")] if run_dir(f"{lease}-remeasure").exists() else []
         for cal in cals:
             shares: list[float] = []
             predict = costmodel.predict
@@ -113,10 +120,7 @@ def implied_proposer_spread() -> float:
                 return answer
 
             with mock.patch.object(costmodel, "predict", sharing):  # predict_measurements: one answer per point
-                points, _ = gcl.predict_measurements(run_dir(lease),
-                                                     off_graph_left_out(gcl.calibration_records(run_dir(cal))))
-            if later:
-                points = gcl.pool_measurements(points, [gcl.measured_speedups(d) for d in later])
+                points = lease_points(lease, off_graph_left_out(gcl.calibration_records(run_dir(cal))))
             logs += [math.log(p.predicted / p.measured) / share for p, share in zip(points, shares, strict=True)
                      if p.method != "ngram"]
     return math.sqrt(statistics.fmean(x * x for x in logs))
@@ -197,22 +201,19 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]  # as gcl.summarise counts it
 
 
-def tally(variant: str, spread: float | None = None) -> Tally:
+def tally(variant: str, spread: float) -> Tally:
     per: dict[str, dict[str, float]] = {}
     signs = covered = n = 0
     bias: dict[tuple[float, int], list[float]] = {}
+    keep, adjust = fit_version(variant, spread)
     for lease, cals in LEASES.items():
-        later = [run_dir(f"{lease}-remeasure")] if run_dir(f"{lease}-remeasure").exists() else []
         others = [run_dir(c) for other, cs in LEASES.items() if other != lease for c in cs]
         for cal in cals:
-            keep, adjust = fit_version(variant, start_spread() if spread is None else spread)
             if variant == "pooled-across-leases":
                 records = gcl.pooled_records([run_dir(cal), *others])
             else:
                 records = keep(gcl.calibration_records(run_dir(cal)))
-            points, _ = gcl.predict_measurements(run_dir(lease), records, adjust=adjust)
-            if later:
-                points = gcl.pool_measurements(points, [gcl.measured_speedups(d) for d in later])
+            points = lease_points(lease, records, adjust)
             summary = gcl.summarise(points)
             per[cal] = {"median": summary["median_abs_error"],
                         "ngram": _median([abs(p.error) for p in points if p.method == "ngram"]),
