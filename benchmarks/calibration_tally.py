@@ -1,10 +1,10 @@
 """The thirteen calibrations of the GPU plan as it ships, each predicting its own lease (issue 8): where one
-calibration misses, and three changes tried on the stored records. Analysis of stored records only, no timing.
+calibration misses, and four changes tried on the stored records. Analysis of stored records only, no timing.
 
 Each calibration (runs 10 and 13-17, their second and third calibrations included) is fitted with the product's
 fit (``calibration.fit.fit_run`` through ``gpu_closed_loop.predict_measurements``) and predicts its lease's 36
 measured speedups (pooled with the lease's later measurement where there is one, as docs/gpu-closed-loop.md
-counts them). Four versions:
+counts them). Five versions:
 
 - ``as-shipped``: the calibration's own records, as ``advisor calibrate`` fits them.
 - ``pooled-across-leases``: its records pooled with the other leases' calibrations (``calibration.fit.pool_runs``),
