@@ -119,7 +119,7 @@ def step_time(queries: str) -> None:
                                             int(q["context_tokens"]), weights_dtype=q.get("weights_dtype", "bf16"),
                                             gpu_count=int(q.get("gpu_count", 1)), params=params)
             out.append({"step_time_ms": seconds * 1e3,
-                        "source": f"calibration:{calibration.run_id}" if params else "catalog"})
+                        "source": calibration.timing_source if params else "catalog"})
         except (KeyError, TypeError, ValueError) as exc:
             out.append({"error": f"{type(exc).__name__}: {exc}"})
         except Exception as exc:  # ApiError: unknown GPU or model

@@ -223,7 +223,7 @@ SECOND_CYCLE_K = 2  # self-drafting cycles also timed at this k (how a draft-mod
 
 
 def probe_config(model: str | None, compiled: bool = False, kv_gib: int = 1, smoke: bool = False,
-                 on_gpu: bool = False):
+                 on_gpu: bool = False, prompts_file: str | None = None, probes: tuple[str, ...] | None = None):
     """The closed loop's probe plan: the product's ``ProbeConfig`` (``calibration.probes.plan_engines``) with
     the drafters this loop predicts (n-gram and the model drafting for itself, both at k = ``CALIBRATION_K``,
     self-drafting cycles also at k = ``SECOND_CYCLE_K``) and a truncated copy (per-step vs per-layer overhead);
@@ -232,13 +232,16 @@ def probe_config(model: str | None, compiled: bool = False, kv_gib: int = 1, smo
     contention guard). The measurement engines use the same engine settings. ``smoke``: a plan of minutes that
     runs every kind of probe once (checks the machinery, not the accuracy). ``on_gpu``: the plan's GPU defaults
     instead (CUDA graphs and torch.compile, engines in their own processes started together, the engine clock,
-    mixed-width verify steps); ``compiled`` and ``kv_gib`` are the CPU build's."""
+    mixed-width verify steps); ``compiled`` and ``kv_gib`` are the CPU build's. ``prompts_file`` and ``probes``
+    are ``advisor calibrate``'s ``--prompts`` and ``--probes`` (the user's own prompts; an acceptance-only run)."""
     from calibration.probes import DrafterSpec, ProbeConfig
 
     cfg = ProbeConfig(model=model, enforce_eager=None if on_gpu else not compiled, kv_cache_space_gib=kv_gib,
                       truncated_layers=TRUNCATED_LAYERS, second_cycle_k=SECOND_CYCLE_K,
                       drafters=(DrafterSpec("ngram", CALIBRATION_K),
                                 DrafterSpec("draft_model", CALIBRATION_K, model="self")))
+    if prompts_file or probes:
+        cfg = dataclasses.replace(cfg, prompts_file=prompts_file or cfg.prompts_file, probes=probes or cfg.probes)
     if smoke:
         cfg = dataclasses.replace(cfg, batch_sizes=(1, 2), prompt_lengths=(64,), prefill_batch_sizes=(1,),
                                   structures=("code",), temperatures=(0.0,), prompts_per_probe=2, max_tokens=32,
@@ -253,7 +256,7 @@ def _calibrate_phase(plan: dict, out: Path) -> int:
     from calibration.runner import to_record
 
     cfg = probe_config(plan["model"], plan["compiled"], plan["kv_gib"], plan.get("smoke", False),
-                       plan.get("on_gpu", False))
+                       plan.get("on_gpu", False), plan.get("prompts_file"), tuple(plan.get("probes") or ()) or None)
     splits: dict[str, float] = {}
     last = [time.perf_counter()]
 
@@ -550,10 +553,16 @@ def pool_measurements(measurements: list[dict]) -> list[dict]:
 
 
 def compare(cases: list[WorkloadCase], measurements: list[dict], records: list[dict], data_dir: Path = DATA_DIR,
-            gpu_name: str = GPU_NAME):
-    """Fit, predict every case and pair it with its measurement."""
+            gpu_name: str = GPU_NAME, timing_records: list[dict] | None = None):
+    """Fit, predict every case and pair it with its measurement. ``timing_records``: an earlier run that prices
+    this one's acceptance (an acceptance-only run on the user's prompts), composed as the service composes two
+    runs (``Calibration.with_timing``)."""
     gpu, target = load_catalog(data_dir, gpu_name)
-    cal, fits = build_calibration(records, gpu, target)
+    cal, fits = build_calibration(records, gpu, target, run_id=2 if timing_records else 0)
+    if timing_records:
+        timing, timing_fits = build_calibration(timing_records, gpu, target, run_id=1)
+        cal = cal.with_timing(timing)
+        fits = [f for f in timing_fits if f["kind"] != "acceptance"] + [f for f in fits if f["kind"] == "acceptance"]
     by = {(m["engine"], m["workload"]): m for m in measurements}
     results = []
     for c in cases:
@@ -620,6 +629,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measurements", default=None,
                         help="reuse measurements (JSON lines from an earlier run; several files comma-separated:"
                              " their rounds pooled) instead of measuring")
+    parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                        help="the calibration's acceptance probes run on this prompt file, one {\"structure\","
+                             " \"prompt\"} per line (advisor calibrate --prompts: the user's own prompts)")
+    parser.add_argument("--probes", default=None,
+                        help="comma list of timing, acceptance, memory (advisor calibrate --probes); default all")
+    parser.add_argument("--timing-records", default=None,
+                        help="an earlier run's calibration records whose timing prices this run's acceptance"
+                             " (with --probes acceptance: the service's composition of two runs)")
     parser.add_argument("--only", default=None, help="comma-separated workload names")
     parser.add_argument("--quick", action="store_true", help="one round, 64 output tokens per workload")
     parser.add_argument("--smoke", action="store_true",
@@ -663,7 +680,9 @@ def main(args: argparse.Namespace) -> int:
         plan = {"phase": "calibrate", "label": "calibrate", "model": model, "compiled": args.compiled,
                 "smoke": args.smoke, "on_gpu": on_gpu,
                 "kv_gib": args.kv_cache_space_gib, "out": str(records_path), "max_wait_quiet_s": args.max_wait_quiet,
-                "split_out": str(workdir / "calibration-split.json")}
+                "split_out": str(workdir / "calibration-split.json"),
+                "prompts_file": str(Path(args.prompts).resolve()) if args.prompts else None,
+                "probes": args.probes.split(",") if args.probes else None}
         with cpu_lock(args.lock, "calibrate"):
             rc = _run_child(python, plan, workdir, args.kv_cache_space_gib, log)
         if rc != 0:
@@ -709,7 +728,9 @@ def main(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     from calibration.fit import format_summary, summary
 
-    results, fits = compare(cases, measurements, records, gpu_name=gpu_name)
+    timing_records = [json.loads(line) for line in Path(args.timing_records).read_text().splitlines()
+                      if line.strip()] if args.timing_records else None
+    results, fits = compare(cases, measurements, records, gpu_name=gpu_name, timing_records=timing_records)
     phase_s["fit_predict"] = time.perf_counter() - t
     med = median_abs_error(results)
     out = ClosedLoopResult(results, fits, summary(fits), med, time.perf_counter() - t_start, phase_s, mode,

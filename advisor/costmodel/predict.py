@@ -136,7 +136,7 @@ def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration
         step = calibration.step_time[model.name]
         pre = calibration.prefill.get(model.name) or default_prefill_params(gpu, engine)
         step = with_engine(step, engine) if engine != "vllm" else step
-        return step, pre, f"calibration:{calibration.run_id}"
+        return step, pre, calibration.timing_source
     if profile is not None and engine == "vllm" and model is not None:
         return profile.step_time, profile.prefill, f"profile:{profile.name}"
     return default_step_time_params(gpu, engine), default_prefill_params(gpu, engine), "default"

@@ -279,10 +279,28 @@ class Calibration:
     engine_mode: str | None = None
     vllm_version: str | None = None  # major.minor of the vLLM the run drove
     kv_cache_dtype: str | None = None  # KV_CACHE_DTYPES
+    # the run the step-time and prefill fits (and max_batch_calibrated) came from, where another run than run_id
+    # measured them: an acceptance-only run on the user's prompts priced with an earlier timing run (with_timing)
+    timing_run_id: int | None = None
+
+    @property
+    def timing_source(self) -> str:
+        """Provenance of the timing fits: ``calibration:<run id>``."""
+        return f"calibration:{self.run_id if self.timing_run_id is None else self.timing_run_id}"
+
+    def with_timing(self, timing: Calibration) -> Calibration:
+        """This run's acceptance fits with ``timing``'s step-time and prefill fits. A node calibrates timing once
+        (random weights) and acceptance on the user's own prompts apart (docs/calibration.md), so no single run
+        holds both."""
+        if timing.run_id == self.run_id:
+            return self
+        return dataclasses.replace(self, step_time=timing.step_time, prefill=timing.prefill,
+                                   max_batch_calibrated=timing.max_batch_calibrated, timing_run_id=timing.run_id)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "hardware": self.hardware,
+            **({"timing_run_id": self.timing_run_id} if self.timing_run_id is not None else {}),
             "weights_dtype": self.weights_dtype, "tensor_parallel_size": self.tensor_parallel_size,
             "engine_mode": self.engine_mode, "vllm_version": self.vllm_version, "kv_cache_dtype": self.kv_cache_dtype,
             "step_time": {k: v.to_dict() for k, v in self.step_time.items()},
@@ -310,6 +328,7 @@ class Calibration:
             engine_mode=data.get("engine_mode"),
             vllm_version=minor_version(data.get("vllm_version")),
             kv_cache_dtype=data.get("kv_cache_dtype"),
+            timing_run_id=int(data["timing_run_id"]) if data.get("timing_run_id") is not None else None,
         )
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from flask import current_app
@@ -186,35 +187,52 @@ def _recent_calibrations(hardware: str, target: str) -> list[costmodel.Calibrati
     return calibrations
 
 
+def _timed(calibrations: list[costmodel.Calibration], target: str,
+           drafter: str | None = None) -> costmodel.Calibration | None:
+    """The newest of ``calibrations`` that timed ``target`` (and, where one is named, that drafter's engine: its fit
+    holds the target's steps on the path vLLM ran them with the drafter)."""
+    timed = [cal for cal in calibrations if target in cal.step_time]
+    return next((cal for cal in timed if drafter is None or drafter in cal.step_time), timed[0] if timed else None)
+
+
+def _composed(calibrations: list[costmodel.Calibration], target: str, drafter: str | None,
+              accepts: Callable[[costmodel.Calibration], bool]) -> costmodel.Calibration | None:
+    """Acceptance from the newest run that ``accepts`` (else the newest run), timing from the newest run that timed
+    the target: a node's timing run (random weights) and its acceptance run on the user's prompts are two runs."""
+    if not calibrations:
+        return None
+    base = next((cal for cal in calibrations if accepts(cal)), calibrations[0])
+    timing = _timed(calibrations, target, drafter)
+    return base.with_timing(timing) if timing is not None else base
+
+
 def plan_calibration(gpu: costmodel.GpuSpec, target: str, weights_dtype: str, kv_cache_dtype: str = "auto",
                      vllm_version: str | None = None) -> costmodel.Calibration | None:
-    """The newest succeeded run on ``gpu`` for ``target`` measured at these weights and KV-cache dtypes (and this
-    vLLM version, where one is asked), at any tensor-parallel size: what a capacity plan times this GPU with."""
-    return next((cal for cal in _recent_calibrations(gpu.name, target)
-                 if not costmodel.conditions_mismatch(cal, gpu, weights_dtype, kv_cache_dtype, vllm_version)), None)
+    """The calibration a capacity plan times and accepts with: of the succeeded runs on ``gpu`` for ``target``
+    measured at these weights and KV-cache dtypes (and this vLLM version, where one is asked), at any
+    tensor-parallel size, the newest one's acceptance and the newest timing."""
+    runs = [cal for cal in _recent_calibrations(gpu.name, target)
+            if not costmodel.conditions_mismatch(cal, gpu, weights_dtype, kv_cache_dtype, vllm_version)]
+    return _composed(runs, target, None, lambda cal: bool(cal.acceptance))
 
 
 def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | None = None,
                     gpu: costmodel.GpuSpec | None = None) -> costmodel.Calibration | None:
-    """The newest succeeded run on this hardware for this target that applies to ``scenario``, as the cost
-    model's Calibration.
+    """The calibration of this hardware and target that applies to ``scenario``, as the cost model's Calibration.
 
     A run measured at another weights dtype, tensor-parallel size, engine mode or vLLM version is skipped (never
-    substituted); among the runs that apply, the newest one that measured the scenario's own method and drafter
-    wins, else the newest one. The cost model then takes only the fits keyed by what was measured."""
+    substituted). Among the runs that apply, acceptance comes from the newest one that measured the scenario's own
+    method, drafter and structure (else the newest one), and timing from the newest one that timed the target (with
+    the scenario's drafter, where one did): the two may be different runs. The cost model then takes only the fits
+    keyed by what was measured."""
     calibrations = _recent_calibrations(hardware, target)
     if scenario is None or gpu is None:
-        return calibrations[0] if calibrations else None
+        return _composed(calibrations, target, None, lambda cal: bool(cal.acceptance))
     sp = scenario.speculator
     drafter = None if sp.method in ("ngram", "suffix") else sp.draft_model
-    fallback = None
-    for cal in calibrations:
-        if costmodel.calibration_mismatch(cal, scenario, gpu):
-            continue
-        if costmodel.calibrated_acceptance(cal, sp.method, drafter, scenario.workload.structure) is not None:
-            return cal
-        fallback = fallback or cal
-    return fallback
+    usable = [cal for cal in calibrations if not costmodel.calibration_mismatch(cal, scenario, gpu)]
+    return _composed(usable, target, drafter, lambda cal: costmodel.calibrated_acceptance(
+        cal, sp.method, drafter, scenario.workload.structure) is not None)
 
 
 def measured_conditions(config: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
         if cal is not None and target.name in cal.step_time:
             step = cal.step_time[target.name]
             pre = cal.prefill.get(target.name) or costmodel.default_prefill_params(gpu)
-            timing, profile = f"calibration:{cal.run_id}", None
+            timing, profile = cal.timing_source, None
         elif profile is not None:  # the GPU × vLLM version's measured profile, as a recommendation would use it
             step, pre, timing = profile.step_time, profile.prefill, f"profile:{profile.name}"
         else:

@@ -69,3 +69,86 @@ def test_a_plan_takes_only_a_run_measured_at_its_dtypes(app, client):
 
     assert acceptance_sources({**body, "kv_cache_dtype": "fp8"}) == {f"calibration:{run_id}"}
     assert not any(s.startswith("calibration") for s in acceptance_sources(body))
+
+
+TARGET = "llama-3.1-8b-instruct"
+NGRAM = example_scenario(speculator={"method": "ngram", "num_speculative_tokens": 3}, acceptance=None)
+
+
+def _timing_run(app, overhead_s: float, acceptance: bool = False) -> int:
+    """A succeeded H100 n-gram run that timed the target (graphs), with or without an n-gram prose fit."""
+    from advisor.services import calibrations
+
+    step = {"bandwidth_efficiency": 0.8, "compute_efficiency": 0.6, "fixed_overhead_s": overhead_s,
+            "source": "calibration"}
+    fits = [{"kind": "step_time", "key": TARGET, "params": step}]
+    if acceptance:
+        fits.append({"kind": "acceptance", "key": "ngram||prose", "params": {
+            "method": "ngram", "structure": "prose", "logit_intercept": -1.0, "logit_position_slope": 0.0,
+            "logit_temperature_slope": 0.0, "draft_fraction": 0.2, "source": "calibration"}})
+    with app.app_context():
+        run = calibrations.create({"hardware": "H100-SXM", "target_model": TARGET, "method": "ngram",
+                                   "temperatures": [0.0], "batch_sizes": [1, 8, 64]}, external=True)
+        engine = {"engine": {"enforce_eager": False}}
+        calibrations.record(run, {"measurements": [{"probe": "step_time", "params": engine, "values": {}}],
+                                  "fits": fits, "status": "succeeded"})
+        return run.id
+
+
+def _acceptance_run(app) -> int:
+    """A succeeded H100 acceptance-only n-gram run (the user's prompts, real weights): no step-time fit."""
+    from advisor.services import calibrations
+
+    fit = {"method": "ngram", "structure": "prose", "logit_intercept": 1.5, "logit_position_slope": 0.0,
+           "logit_temperature_slope": 0.0, "draft_fraction": 0.6, "source": "calibration"}
+    with app.app_context():
+        run = calibrations.create({"hardware": "H100-SXM", "target_model": TARGET, "method": "ngram",
+                                   "temperatures": [0.0], "probes": ["acceptance"]}, external=True)
+        engine = {"engine": {"enforce_eager": False}}
+        calibrations.record(run, {"measurements": [{"probe": "acceptance", "params": engine, "values": {}}],
+                                  "fits": [{"kind": "acceptance", "key": "ngram||prose", "params": fit}],
+                                  "status": "succeeded"})
+        return run.id
+
+
+def _sources(answer: dict) -> tuple[str, str]:
+    return answer["provenance"]["tpot_ms.baseline"], answer["acceptance"]["source"]
+
+
+def test_an_acceptance_run_on_the_users_prompts_keeps_the_earlier_timing(app, client):
+    """docs/calibration.md: time the node once, then measure acceptance on your own prompts. main: the newer,
+    acceptance-only run won alone, and its answer was timed by the catalog's defaults."""
+    timing = _timing_run(app, 0.004, acceptance=True)
+    before = client.post("/v1/recommendations", json=NGRAM).get_json()
+    assert _sources(before) == (f"calibration:{timing}", f"calibration:{timing}")
+    accepted = _acceptance_run(app)
+    after = client.post("/v1/recommendations", json=NGRAM).get_json()
+    assert _sources(after) == (f"calibration:{timing}", f"calibration:{accepted}")
+    assert after["tpot_ms"]["baseline"] == before["tpot_ms"]["baseline"]  # the same timing fit
+    assert after["acceptance"]["draft_fraction"] > before["acceptance"]["draft_fraction"]
+    assert after["speedup"]["expected"] > before["speedup"]["expected"]
+
+
+def test_a_newer_timing_run_times_the_answer_and_the_older_run_still_accepts(app, client):
+    accepted = _timing_run(app, 0.004, acceptance=True)
+    first = client.post("/v1/recommendations", json=NGRAM).get_json()
+    timing = _timing_run(app, 0.008)  # re-timed (a driver upgrade, say): no acceptance measured
+    answer = client.post("/v1/recommendations", json=NGRAM).get_json()
+    assert _sources(answer) == (f"calibration:{timing}", f"calibration:{accepted}")
+    assert answer["tpot_ms"]["baseline"] > first["tpot_ms"]["baseline"]  # twice the per-step overhead
+
+
+def test_a_plan_times_with_the_timing_run_when_the_newest_measured_acceptance_only(app, client):
+    from tests.api.test_plans import example_plan
+
+    timing = _timing_run(app, 0.004)
+    accepted = _acceptance_run(app)
+    body = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
+                        workload={"prompt_tokens": 512, "output_tokens": 256, "temperature": 0.0, "structure": "prose"},
+                        speculators=[{"method": "ngram"}])
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.get_json()
+    options = response.get_json()["options"]
+    assert {o["sources"]["step_time"] for o in options} == {f"calibration:{timing}"}
+    speculative = [o for o in options if o["mode"] == "speculative"]
+    assert speculative and {o["sources"]["acceptance"] for o in speculative} == {f"calibration:{accepted}"}

@@ -42,6 +42,13 @@ def test_held_out_workloads_share_no_prompt_with_the_calibration():
             assert not any(prompt[:80] in p or p[:80] in prompt for p in probed), (case.name, prompt[:40])
 
 
+def test_the_users_sample_prompts_are_not_the_measured_ones():
+    sample = load_prompts(gcl.REPO_ROOT / "benchmarks" / "data" / "closed-loop-user-sample.jsonl")
+    assert {s: len(p) for s, p in sample.items()} == {s: 12 for s in ("sql", "code", "json", "rag", "prose", "creative")}
+    measured = {p for case in closed_loop.workloads() for p in case.prompts}
+    assert not measured & {p for prompts in sample.values() for p in prompts}
+
+
 def _load(name: str) -> list[dict]:
     """A stored closed loop's JSON lines (``benchmarks/data/NAME``)."""
     return gcl.load_jsonl(gcl.REPO_ROOT / "benchmarks" / "data" / name)
@@ -162,3 +169,48 @@ def test_on_a_gpu_the_closed_loop_runs_the_same_plan_with_the_gpu_defaults():
     assert ("mixed_step", 8, 4) in plan[1].tasks and ("mixed_step", 8, 4) not in cpu_plan[1].tasks
     assert ("text_cycle", 8, 0.0) in plan[3].tasks and not any(t[0] == "text_cycle" for t in cpu_plan[3].tasks)
     assert cpu_cfg.enforce_eager and cfg.kv_cache_space_gib is None
+
+
+def test_a_runs_acceptance_priced_with_its_own_timing_as_two_runs_predicts_as_the_run_whole():
+    """The service's composition of an acceptance run and a timing run (``Calibration.with_timing``), fed one run's
+    records split in two, gives that run's predictions to the last bit."""
+    records = _load("closed_loop_2026-12-05-records.jsonl")
+    measurements = _load("closed_loop_2026-12-05-measurements.jsonl")
+    whole, _ = closed_loop.compare(closed_loop.workloads(), measurements, records)
+    split, fits = closed_loop.compare(closed_loop.workloads(), measurements,
+                                      [r for r in records if r["probe"] == "acceptance"],
+                                      timing_records=[r for r in records if r["probe"] != "acceptance"])
+    assert [(r.predicted_speedup, r.predicted_low, r.predicted_high) for r in split] == \
+        [(r.predicted_speedup, r.predicted_low, r.predicted_high) for r in whole]
+    assert [f["kind"] for f in fits][:2] == ["step_time", "prefill"] and len(fits) == 14
+
+
+@pytest.mark.parametrize("name, measured, long_step, own, user", [
+    # (median %, signs right, intervals covering) from our probe prompts, then from the user's sample
+    ("closed_loop_2026-12-05", None, True, (7.5, 8, 7), (6.6, 9, 8)),
+    ("closed_loop_2026-12-05-long-step", None, False, (3.5, 8, 8), (4.4, 9, 8)),
+    ("closed_loop_2026-12-04", None, True, (4.3, 8, 8), (3.5, 9, 8)),
+    ("closed_loop_2026-12-01-amx", None, True, (7.2, 9, 8), (5.7, 9, 8)),
+    ("closed_loop_2026-12-01-plan", None, True, (6.8, 8, 9), (3.4, 9, 8)),
+    ("closed_loop_2026-12-01-engine-clock", "closed_loop_2026-12-01-plan", True, (15.0, 9, 9), (11.3, 9, 8)),
+])
+def test_acceptance_on_the_users_own_prompts_gets_every_sign_right(name, measured, long_step, own, user):
+    """2026-12-05: ``closed_loop --probes acceptance --prompts benchmarks/data/closed-loop-user-sample.jsonl`` (12
+    prompts per structure in the held-out workloads' voice, none of theirs; 230 s), priced with each stored run's
+    timing as the service prices an acceptance-only run (docs/closed-loop.md). json-b3's sign, missed at break-even
+    on four of the six with our probe prompts, is right on all six; rag-b6 is the interval's one miss (the sample's
+    RAG questions draft on 29 % of steps, the workload's on 36-40 %)."""
+    records = [r for r in _load(f"{name}-records.jsonl")
+               if long_step or not (r["probe"] == "step_time" and r["values"].get("context_len", 0) > 500)]
+    measurements = _load(f"{measured or name}-measurements.jsonl")
+    user_records = _load("closed_loop_2026-12-05-user-prompts-records.jsonl")
+    for expected, results in ((own, closed_loop.compare(closed_loop.workloads(), measurements, records)[0]),
+                              (user, closed_loop.compare(closed_loop.workloads(), measurements, user_records,
+                                                         timing_records=records)[0])):
+        assert len(results) == 9
+        assert (round(100 * closed_loop.median_abs_error(results), 1),
+                sum((r.predicted_speedup > 1) == (r.measured_speedup > 1) for r in results), _covered(results)) \
+            == expected
+    assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == ["rag-b6"]
+    sql = next(r for r in results if r.name == "sql-b1")
+    assert abs(sql.error) < 0.05 and sql.predicted_draft_fraction > 0.25  # 0.12-0.14 from our probe prompts
