@@ -235,8 +235,13 @@ def recommendation_page(rec: dict[str, Any]) -> str:
     columns, method_rows = _methods_table(rec.get("methods"))
     choice = rec.get("speculator_choice") if isinstance(rec.get("speculator_choice"), dict) else {}
     choice_columns, choice_rows = _methods_table(choice.get("candidates"))
+    provenance = rec.get("provenance") if isinstance(rec.get("provenance"), dict) else {}
+    timing = str(provenance.get("tpot_ms.baseline") or "")
+    timing_run = timing.removeprefix("calibration:") if timing.startswith("calibration:") else None
     return _ENV.get_template("recommendation.html").render(
         rec=rec,
+        # an acceptance run priced with another run's timing (services.calibrations.calibration_for)
+        timing_run=timing_run if timing_run != str(rec.get("calibration_run_id")) else None,
         title=title_of(rec),
         verdict_text=text,
         verdict_class=css,

@@ -124,6 +124,10 @@ def test_an_acceptance_run_on_the_users_prompts_keeps_the_earlier_timing(app, cl
     accepted = _acceptance_run(app)
     after = client.post("/v1/recommendations", json=NGRAM).get_json()
     assert _sources(after) == (f"calibration:{timing}", f"calibration:{accepted}")
+    assert after["calibration_run_id"] == accepted
+    page = client.get(f"/v1/recommendations/{after['id']}/report").get_data(as_text=True)
+    assert f'<a id="timing-run" href="/v1/calibrations/{timing}/report">' in page
+    assert 'id="timing-run"' not in client.get(f"/v1/recommendations/{before['id']}/report").get_data(as_text=True)
     assert after["tpot_ms"]["baseline"] == before["tpot_ms"]["baseline"]  # the same timing fit
     assert after["acceptance"]["draft_fraction"] > before["acceptance"]["draft_fraction"]
     assert after["speedup"]["expected"] > before["speedup"]["expected"]
