@@ -27,6 +27,16 @@ class StrictSchema(Schema):
     """Unknown fields are errors, so a misspelt field name never silently becomes a default."""
 
 
+class StrictBoolean(fields.Boolean):
+    """JSON true or false only: marshmallow's Boolean also takes 1, 0.0, "yes" and "off", which the OpenAPI
+    document's boolean does not."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid", input=value)
+        return value
+
+
 class Id(fields.Integer):
     """A row id: ASCII digits only (``int()`` would take ``"٣"``), within the column's range."""
 
@@ -348,9 +358,13 @@ class GpuSchema(StrictSchema):
     gpu_class = fields.String(required=True, validate=validate.Length(min=1, max=32),
                               metadata={"description": "Class for default efficiencies, e.g. hopper, ampere."})
     memory_gb = fields.Float(required=True, validate=_positive(10_000))
-    hbm_bandwidth_gb_per_s = fields.Float(required=True, validate=_positive(1e6))
-    bf16_tflops = fields.Float(required=True, validate=_positive(1e6), metadata={"description": "Dense."})
-    fp8_tflops = fields.Float(validate=_positive(1e6), allow_none=True, load_default=None)
+    # floors well below any accelerator that serves an LLM (a 2-core CPU: 33 GB/s, 0.47 TFLOP/s); below them a step
+    # time leaves the range of a float
+    hbm_bandwidth_gb_per_s = fields.Float(required=True, validate=validate.Range(min=1.0, max=1e6),
+                                          metadata={"description": "At least 1 GB/s."})
+    bf16_tflops = fields.Float(required=True, validate=validate.Range(min=0.001, max=1e6),
+                               metadata={"description": "Dense; at least 0.001."})
+    fp8_tflops = fields.Float(validate=validate.Range(min=0.001, max=1e6), allow_none=True, load_default=None)
     gpu_hour_usd = fields.Float(required=True, validate=_positive(10_000))
     gpu_hour_usd_date = fields.String(required=True, validate=validate.Regexp(r"^\d{4}-\d{2}-\d{2}$",
                                       error="Use an ISO date, YYYY-MM-DD."),
@@ -372,7 +386,7 @@ class ModelSchema(StrictSchema):
     head_dim = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=4096))
     intermediate_size = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=10_000_000))
     vocab_size = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=10_000_000))
-    tie_word_embeddings = fields.Boolean(load_default=False)
+    tie_word_embeddings = StrictBoolean(load_default=False)
     num_experts = fields.Integer(strict=True, validate=validate.Range(min=1, max=4096), allow_none=True,
                                  load_default=None)
     num_experts_per_token = fields.Integer(strict=True, validate=validate.Range(min=1, max=4096), allow_none=True,
@@ -432,7 +446,7 @@ class CalibrationRequestSchema(StrictSchema):
     probes = fields.List(fields.String(validate=validate.OneOf(("timing", "prefill", "acceptance", "memory"))),
                          load_default=["timing", "prefill", "acceptance", "memory"])
     engine = FreeDict(load_default=dict, metadata={"description": "Extra vLLM engine arguments."})
-    pool_earlier_runs = fields.Boolean(load_default=True, metadata={
+    pool_earlier_runs = StrictBoolean(load_default=True, metadata={
         "description": "Fit the timing probes together with those of up to 3 earlier succeeded runs of the same "
                        "hardware, target, method, drafter, engine dtypes, tensor-parallel size, mode and software "
                        "(each engine start samples one host-bound state; docs/calibration.md). false: this run's "

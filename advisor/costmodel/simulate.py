@@ -34,7 +34,7 @@ import numpy as np
 
 from .memory import GB, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from .speculation import COPY_PROPOSER_S_PER_SEQ, MODEL_DRAFTERS
-from .steptime import ALLREDUCE_LATENCY_S, ForwardCost, forward_time_s, weight_bytes_read
+from .steptime import ALLREDUCE_LATENCY_S, ForwardCost, forward_time_s, smooth_max_s, weight_bytes_read
 from .types import CostModelError, PrefillParams, StepTimeParams
 
 MAX_REQUESTS = 20_000  # bound on requests per simulation (bad input beyond this is refused)
@@ -188,7 +188,6 @@ class _StepClock:
         self.ragged = s.ragged_step_s if spec else 0.0  # host-bound floor of a step not every sequence drafted in
         self.kv = c.kv_bytes_per_ctx_token
         self.flops, self.attn = c.flops_per_token, c.attn_flops_per_token_per_ctx
-        self.inv_p = 1.0 / self.p
         self.fe_step, self.fe_seq = model.frontend_s_per_step, model.frontend_s_per_seq
 
     def _weights(self, cost: ForwardCost, tokens: float) -> float:
@@ -219,7 +218,7 @@ class _StepClock:
                 + (prefill_tokens * self.flops + self.attn * prefill_attn) * self.inv_f_prefill)
         p = self.p
         t = (self.fixed_prefill if prefill_tokens else self.fixed_decode) + self.layer_s \
-            + (self.ar0 + self.ar1 * tokens if self.ar0 else 0.0) + (mem ** p + comp ** p) ** self.inv_p \
+            + (self.ar0 + self.ar1 * tokens if self.ar0 else 0.0) + smooth_max_s(mem, comp, p) \
             + self.fe_step + self.fe_seq * decodes
         if decodes and self.k:
             s = self.s
@@ -245,7 +244,7 @@ class _StepClock:
         comp = batch * (d.flops_per_token + d.attn_flops_per_token_per_ctx * ctx) / (d.peak_flops_per_s
                                                                                     * ds.compute_efficiency)
         p = ds.roofline_sharpness
-        one = (mem ** p + comp ** p) ** (1.0 / p) + d.num_layers * ds.per_layer_overhead_s + self._allreduce(d, batch)
+        one = smooth_max_s(mem, comp, p) + d.num_layers * ds.per_layer_overhead_s + self._allreduce(d, batch)
         t = self.k * (ds.proposer_overhead_s + one)
         if self.catch_up:  # the first draft-model forward spans the k + 2 tokens just verified (drafter_time_s)
             t += float(forward_time_s(d, ds, batch, self.k + 2.0, ctx) - forward_time_s(d, ds, batch, 1.0, ctx))

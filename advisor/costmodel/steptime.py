@@ -207,6 +207,17 @@ def _scalar_or_array(x):
     return float(x) if isinstance(x, (int, float)) else np.asarray(x, dtype=float)
 
 
+def smooth_max_s(mem_s, comp_s, p: float):
+    """The roofline's smooth maximum (m^p + c^p)^(1/p) of memory and compute time (Williams et al. 2009). On Python
+    floats whose powers overflow (a step of ~1.5e6 s at p = 50, the largest sharpness a fit may upload): the same
+    value scaled by the larger term. Arrays give inf there, which an answer's finiteness check refuses."""
+    try:
+        return (mem_s ** p + comp_s ** p) ** (1.0 / p)
+    except OverflowError:
+        big = np.maximum(mem_s, comp_s)  # one of the two may be an array
+        return big * ((mem_s / big) ** p + (comp_s / big) ** p) ** (1.0 / p)
+
+
 def roofline_s(cost: ForwardCost, batch, query_tokens, context_tokens, eta_bw, eta_f, sharpness=2.5):
     """Smooth roofline (m^p + c^p)^(1/p) of one forward pass; arrays broadcast."""
     batch = np.asarray(batch, dtype=float)
@@ -293,7 +304,7 @@ def prefill_time_s(cost: ForwardCost, params: PrefillParams, step: StepTimeParam
     mem = weight_bytes_read(cost, prompt_tokens) / (cost.bandwidth_bytes_per_s * step.bandwidth_efficiency)
     p = step.roofline_sharpness
     return (params.fixed_overhead_s + cost.num_layers * step.per_layer_overhead_s
-            + tp_allreduce_s(cost, prompt_tokens) + (mem ** p + comp ** p) ** (1.0 / p))
+            + tp_allreduce_s(cost, prompt_tokens) + smooth_max_s(mem, comp, p))
 
 
 def with_engine(params: StepTimeParams, engine: str) -> StepTimeParams:

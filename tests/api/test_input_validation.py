@@ -139,3 +139,19 @@ def test_unstorable_text_in_raw_bodies_is_a_422(client, raw):
     response = client.post("/v1/recommendations", data=raw, content_type="application/json")
     assert response.status_code == 422, response.get_json()
     assert {"gpu", "target_model"} & set(response.get_json()["error"]["fields"])
+
+
+@pytest.mark.parametrize("value", [0.0, 1, "yes", "false", None])
+def test_a_boolean_field_takes_only_json_true_or_false(client, auth, value):
+    """Schemathesis (random seeds) sent ``"tie_word_embeddings": 0.0`` and got a 201: marshmallow's Boolean takes
+    1, 0.0, "yes" and "off", where the OpenAPI document says boolean."""
+    model = {"name": "Tiny-bool", "family": "x", "num_layers": 1, "hidden_size": 64, "num_attention_heads": 1,
+             "num_kv_heads": 1, "head_dim": 64, "intermediate_size": 128, "vocab_size": 100, "param_count": 10**5,
+             "tokenizer_family": "x", "tokenizer_vocab_size": 100, "source": "test"}
+    response = client.post("/v1/models", headers=auth, json={**model, "tie_word_embeddings": value})
+    assert response.status_code == 422 and "tie_word_embeddings" in response.get_json()["error"]["fields"]
+    response = client.post("/v1/calibrations", headers=auth, json={
+        "hardware": "H100-SXM", "target_model": "llama-3.1-8b-instruct", "external": True,
+        "pool_earlier_runs": value})
+    assert response.status_code == 422 and "pool_earlier_runs" in response.get_json()["error"]["fields"]
+    assert client.post("/v1/models", headers=auth, json={**model, "tie_word_embeddings": True}).status_code == 201

@@ -593,3 +593,63 @@ def test_the_app_refuses_an_older_schema_without_auto_migrate(tmp_path):
         create_app({"SQLALCHEMY_DATABASE_URI": url, "AUTO_MIGRATE": False, "INSTANCE_PATH": str(tmp_path)})
     app = create_app({"SQLALCHEMY_DATABASE_URI": url, "AUTO_MIGRATE": True, "INSTANCE_PATH": str(tmp_path)})
     assert app.test_client().get("/v1/health").status_code == 200
+
+
+# --- the catalog's and the fits' extremes together ----------------------------------------------------------
+def test_the_slowest_gpu_and_largest_model_the_schemas_admit_never_give_a_500(client, auth):
+    """Schemathesis (random seeds): a GPU created at 1e-300 GB/s made every recommendation and plan on it a 500
+    (OverflowError in the scalar step clock). GPUs now start at 1 GB/s and 0.001 TFLOP/s, and the smooth roofline
+    scales its powers where they would overflow: at the floors, with the largest model, a fit at the sharpest
+    roofline and the lowest efficiencies, and a 1M-token prompt, a recommendation and a plan each get an answer."""
+    too_slow = {"name": "Crawler", "vendor": "x", "gpu_class": "hopper", "memory_gb": 10_000,
+                "hbm_bandwidth_gb_per_s": 1e-300, "bf16_tflops": 900, "gpu_hour_usd": 1.0,
+                "gpu_hour_usd_date": "2026-01-01", "source": "fuzz"}
+    response = client.post("/v1/gpus", headers=auth, json=too_slow)
+    assert response.status_code == 422 and "hbm_bandwidth_gb_per_s" in response.get_json()["error"]["fields"]
+    assert client.post("/v1/gpus", headers=auth, json={**too_slow, "hbm_bandwidth_gb_per_s": 1.0,
+                                                       "bf16_tflops": 0.001}).status_code == 201
+    big = {"name": "Colossus", "family": "x", "num_layers": 1000, "hidden_size": 1_000_000, "num_attention_heads": 4096,
+           "num_kv_heads": 4096, "head_dim": 4096, "intermediate_size": 10_000_000, "vocab_size": 10_000_000,
+           "param_count": 10**13, "tokenizer_family": "x", "tokenizer_vocab_size": 10_000_000, "source": "fuzz"}
+    assert client.post("/v1/models", headers=auth, json=big).status_code == 201
+    run = client.post("/v1/calibrations", headers=auth, json={"hardware": "Crawler", "target_model": "Colossus",
+                                                               "external": True}).get_json()["id"]
+    step = {"bandwidth_efficiency": 0.001, "compute_efficiency": 0.001, "fixed_overhead_s": 10.0,
+            "roofline_sharpness": 50.0}
+    response = client.patch(f"/v1/calibrations/{run}", headers=auth, json={
+        "status": "succeeded", "fits": [{"kind": "step_time", "key": "Colossus", "params": step},
+                                        {"kind": "prefill", "key": "Colossus",
+                                         "params": {"compute_efficiency": 0.001, "fixed_overhead_s": 10.0}}]})
+    assert response.status_code == 200, response.get_json()
+    for prompt_tokens in (1, 1_048_576):
+        scenario = {"gpu": "Crawler", "target_model": "Colossus", "speculator": {"method": "ngram"},
+                    "workload": {"prompt_tokens": prompt_tokens, "output_tokens": 16, "temperature": 0.0,
+                                 "structure": "code", "concurrency": 1}}
+        response = client.post("/v1/recommendations", json=scenario)
+        assert response.status_code == 201, response.get_json()
+        assert response.get_json()["decision"] == "no-go"  # 20 TB of weights in 10 TB
+        plan = {"target_model": "Colossus", "gpus": ["Crawler"], "gpu_hour_usd": {},
+                "workload": {"prompt_tokens": prompt_tokens, "output_tokens": 16, "structure": "code"},
+                "load": {"requests_per_second": 0.001}, "slo": {"latency_ms": 1e8},
+                "speculators": [{"method": "ngram"}]}
+        response = client.post("/v1/plans", json=plan)
+        assert response.status_code == 201, response.get_json()
+        assert not response.get_json()["feasible"]
+
+
+def test_a_gpu_row_stored_below_the_floors_gets_a_422_not_a_500(app, client):
+    """A row a token holder stored before the floors: its step times overflow a float."""
+    from advisor.extensions import db
+    from advisor.models import Gpu
+
+    with app.app_context():
+        db.session.add(Gpu(name="Legacy-crawler", vendor="x", gpu_class="hopper", memory_gb=80,
+                           hbm_bandwidth_gb_per_s=1e-300, bf16_tflops=900.0, gpu_hour_usd=1.0,
+                           gpu_hour_usd_date="2026-01-01", source="before the floors"))
+        db.session.commit()
+    response = client.post("/v1/recommendations", json=example_scenario(gpu="Legacy-crawler"))
+    assert response.status_code == 422 and response.get_json()["error"]["fields"]
+    plan = {"target_model": "llama-3.1-8b-instruct", "gpus": ["Legacy-crawler"], "gpu_hour_usd": {},
+            "workload": {"prompt_tokens": 512, "output_tokens": 256, "structure": "prose"},
+            "load": {"requests_per_second": 5}, "slo": {"latency_ms": 1e5}}
+    assert client.post("/v1/plans", json=plan).status_code < 500
