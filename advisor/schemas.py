@@ -1,6 +1,7 @@
 """marshmallow schemas: they own the API contract and generate the OpenAPI document."""
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from typing import Any
@@ -25,6 +26,23 @@ VLLM_VERSION = validate.Regexp(r"^\d{1,3}\.\d{1,3}(\.\d{1,4})?$")  # "0.24", "0.
 
 class StrictSchema(Schema):
     """Unknown fields are errors, so a misspelt field name never silently becomes a default."""
+
+
+def _calendar_date(value: str) -> None:
+    try:
+        datetime.date.fromisoformat(value)
+    except ValueError:
+        raise ValidationError(f"{value!r} is not a calendar date.") from None
+
+
+class Float(fields.Float):
+    """A JSON number only: marshmallow's Float also takes the string "3600", which the OpenAPI document's number
+    does not. (No query parameter is a float.)"""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
+        if isinstance(value, str):
+            raise self.make_error("invalid", input=value)
+        return super()._deserialize(value, attr, data, **kwargs)
 
 
 class StrictBoolean(fields.Boolean):
@@ -106,13 +124,13 @@ class WorkloadSchema(StrictSchema):
                                    metadata={"description": "Mean prompt length in tokens."})
     output_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=1_000_000),
                                    metadata={"description": "Mean output length in tokens."})
-    temperature = fields.Float(load_default=0.0, validate=validate.Range(min=0.0, max=2.0),
+    temperature = Float(load_default=0.0, validate=validate.Range(min=0.0, max=2.0),
                                metadata={"description": "Sampling temperature, 0 = greedy."})
     structure = fields.String(required=True, validate=validate.OneOf(STRUCTURES),
                               metadata={"description": "Output structure: " + ", ".join(STRUCTURES)})
     concurrency = fields.Integer(strict=True, validate=validate.Range(min=1, max=65_536), allow_none=True,
                                  metadata={"description": "Requests in flight (closed loop)."})
-    requests_per_second = fields.Float(validate=_positive(1_000_000), allow_none=True,
+    requests_per_second = Float(validate=_positive(1_000_000), allow_none=True,
                                        metadata={"description": "Open-loop arrival rate."})
 
     @validates_schema
@@ -143,17 +161,17 @@ class SpeculatorSchema(StrictSchema):
 class AcceptanceSchema(StrictSchema):
     """Measured acceptance in vLLM's words (docs/cost-model.md "Acceptance words"), at num_speculative_tokens k."""
 
-    mean_acceptance_length = fields.Float(
+    mean_acceptance_length = Float(
         validate=validate.Range(min=1.0, max=17.0), allow_none=True,
         metadata={"description": "vLLM's mean acceptance length AL = 1 + accepted/drafts (A/N), over the steps that "
                                  "drafted, incl. the bonus token; for n-gram/suffix not tokens per step."})
-    acceptance_rate = fields.Float(
+    acceptance_rate = Float(
         validate=validate.Range(min=0.0, max=1.0), allow_none=True,
         metadata={"description": "vLLM's draft acceptance rate A/D, accepted over drafted tokens (AL = 1 + k·rate)."})
-    per_position = fields.List(fields.Float(validate=validate.Range(min=0.0, max=1.0)),
+    per_position = fields.List(Float(validate=validate.Range(min=0.0, max=1.0)),
                                validate=validate.Length(min=1, max=16), allow_none=True,
                                metadata={"description": "r_i = a_i/N = P(first i+1 drafts accepted), non-increasing."})
-    draft_fraction = fields.Float(
+    draft_fraction = Float(
         validate=validate.Range(min=0.0, max=1.0, min_inclusive=False), allow_none=True,
         metadata={"description": "Share of decode steps that drafted (N / steps; n-gram finds no match on the "
                                  "others). Default: calibration or prior (n-gram, suffix), 1 (model drafters)."})
@@ -170,14 +188,14 @@ class AcceptanceSchema(StrictSchema):
 
 
 class SloSchema(StrictSchema):
-    tpot_ms = fields.Float(validate=_positive(1e6), allow_none=True)
-    ttft_ms = fields.Float(validate=_positive(1e7), allow_none=True)
-    latency_ms = fields.Float(validate=_positive(1e8), allow_none=True)
+    tpot_ms = Float(validate=_positive(1e6), allow_none=True)
+    ttft_ms = Float(validate=_positive(1e7), allow_none=True)
+    latency_ms = Float(validate=_positive(1e8), allow_none=True)
 
 
 class LoadSchema(StrictSchema):
-    requests_per_second = fields.Float(validate=_positive(1e7), allow_none=True)
-    output_tokens_per_second = fields.Float(validate=_positive(1e10), allow_none=True)
+    requests_per_second = Float(validate=_positive(1e7), allow_none=True)
+    output_tokens_per_second = Float(validate=_positive(1e10), allow_none=True)
 
     @validates_schema
     def _one(self, data: dict, **_: object) -> None:
@@ -202,16 +220,16 @@ class ScenarioSchema(StrictSchema):
                        "every candidate's verdict under answer.speculator_choice."})
     workload = fields.Nested(WorkloadSchema, required=True)
     acceptance = fields.Nested(AcceptanceSchema, allow_none=True)
-    gpu_hour_usd = fields.Float(validate=_positive(10_000), allow_none=True,
+    gpu_hour_usd = Float(validate=_positive(10_000), allow_none=True,
                                 metadata={"description": "Your $/GPU-hour; default: the catalog's dated price."})
-    vram_gb = fields.Float(validate=_positive(100_000), allow_none=True,
+    vram_gb = Float(validate=_positive(100_000), allow_none=True,
                            metadata={"description": "Override the GPU's memory (GB per GPU)."})
-    gpu_memory_utilization = fields.Float(load_default=0.92,
+    gpu_memory_utilization = Float(load_default=0.92,
                                           validate=validate.Range(min=0.05, max=1.0, min_inclusive=True))
     slo = fields.Nested(SloSchema, allow_none=True)
     load = fields.Nested(LoadSchema, allow_none=True,
                          metadata={"description": "Total load to size the fleet for (TCO)."})
-    hours_per_month = fields.Float(load_default=730.0, validate=_positive(744.0))
+    hours_per_month = Float(load_default=730.0, validate=_positive(744.0))
     vllm_version = fields.String(allow_none=True, validate=VLLM_VERSION,
                                  metadata={"description": "The vLLM you serve with, e.g. 0.24: its measured engine "
                                                           "profile for this GPU is used when one ships "
@@ -254,7 +272,7 @@ class AnswerSchema(Schema):
     memory = _obj("Weights, KV bytes per token, KV space, max concurrency with/without drafter, fits (all resident at "
                   "full length), deployable (target + drafter + one sequence fit).")
     curve = fields.List(fields.Dict(), metadata={"description": "Speedup over concurrency with interval and best k."})
-    break_even_concurrency = fields.Float(allow_none=True)
+    break_even_concurrency = Float(allow_none=True)
     speculator_choice = _obj("{chosen, candidates: [{method, draft_model, num_speculative_tokens, decision, expected, "
                              "low, high}], rule}: present when the scenario named no speculator.")
     dynamic_sd = fields.List(fields.List(fields.Integer()),
@@ -293,16 +311,16 @@ class RecommendationSummarySchema(Schema):
     method = fields.String()
     draft_model = fields.String(allow_none=True)
     structure = fields.String()
-    concurrency = fields.Float(allow_none=True)
+    concurrency = Float(allow_none=True)
     decision = fields.String()
-    speedup_expected = fields.Float()
-    speedup_low = fields.Float()
-    speedup_high = fields.Float()
+    speedup_expected = Float()
+    speedup_low = Float()
+    speedup_high = Float()
     num_speculative_tokens = fields.Integer(allow_none=True)
-    tpot_ms_baseline = fields.Float()
-    tpot_ms_speculative = fields.Float()
-    usd_per_million_output_tokens_baseline = fields.Float(allow_none=True)
-    usd_per_million_output_tokens_speculative = fields.Float(allow_none=True)
+    tpot_ms_baseline = Float()
+    tpot_ms_speculative = Float()
+    usd_per_million_output_tokens_baseline = Float(allow_none=True)
+    usd_per_million_output_tokens_speculative = Float(allow_none=True)
     calibration_run_id = fields.Integer(allow_none=True)
     cost_model_version = fields.String()
 
@@ -357,17 +375,17 @@ class GpuSchema(StrictSchema):
     vendor = fields.String(required=True, validate=validate.Length(min=1, max=32))
     gpu_class = fields.String(required=True, validate=validate.Length(min=1, max=32),
                               metadata={"description": "Class for default efficiencies, e.g. hopper, ampere."})
-    memory_gb = fields.Float(required=True, validate=_positive(10_000))
+    memory_gb = Float(required=True, validate=_positive(10_000))
     # floors well below any accelerator that serves an LLM (a 2-core CPU: 33 GB/s, 0.47 TFLOP/s); below them a step
     # time leaves the range of a float
-    hbm_bandwidth_gb_per_s = fields.Float(required=True, validate=validate.Range(min=1.0, max=1e6),
+    hbm_bandwidth_gb_per_s = Float(required=True, validate=validate.Range(min=1.0, max=1e6),
                                           metadata={"description": "At least 1 GB/s."})
-    bf16_tflops = fields.Float(required=True, validate=validate.Range(min=0.001, max=1e6),
+    bf16_tflops = Float(required=True, validate=validate.Range(min=0.001, max=1e6),
                                metadata={"description": "Dense; at least 0.001."})
-    fp8_tflops = fields.Float(validate=validate.Range(min=0.001, max=1e6), allow_none=True, load_default=None)
-    gpu_hour_usd = fields.Float(required=True, validate=_positive(10_000))
-    gpu_hour_usd_date = fields.String(required=True, validate=validate.Regexp(r"^\d{4}-\d{2}-\d{2}$",
-                                      error="Use an ISO date, YYYY-MM-DD."),
+    fp8_tflops = Float(validate=validate.Range(min=0.001, max=1e6), allow_none=True, load_default=None)
+    gpu_hour_usd = Float(required=True, validate=_positive(10_000))
+    gpu_hour_usd_date = fields.String(required=True, validate=[validate.Regexp(r"^\d{4}-\d{2}-\d{2}$",
+                                      error="Use an ISO date, YYYY-MM-DD."), _calendar_date],
                                       metadata={"description": "When that price was seen (YYYY-MM-DD)."})
     source = fields.String(required=True, validate=validate.Length(min=1, max=2000))
     created_at = fields.DateTime(dump_only=True)
@@ -437,7 +455,7 @@ class CalibrationRequestSchema(StrictSchema):
     draft_model_path = fields.String(validate=validate.Length(min=1, max=500), allow_none=True)
     num_speculative_tokens = fields.Integer(load_default=4, strict=True, validate=validate.Range(min=1, max=16))
     structures = fields.List(fields.String(validate=validate.OneOf(STRUCTURES)), load_default=list(STRUCTURES))
-    temperatures = fields.List(fields.Float(validate=validate.Range(min=0, max=2)), load_default=[0.0, 0.7, 1.0],
+    temperatures = fields.List(Float(validate=validate.Range(min=0, max=2)), load_default=[0.0, 0.7, 1.0],
                                validate=validate.Length(min=1, max=8))
     batch_sizes = fields.List(fields.Integer(strict=True, validate=validate.Range(min=1, max=1024)),
                               load_default=[1, 2, 4, 8], validate=validate.Length(min=1, max=12))
@@ -462,8 +480,8 @@ class MeasurementSchema(StrictSchema):
 
 
 # --- fit parameters: what the cost model reads (costmodel.types), within what a fit can produce -------------
-def _number(low: float, high: float, **kwargs: Any) -> fields.Float:
-    return fields.Float(validate=validate.Range(min=low, max=high), **kwargs)
+def _number(low: float, high: float, **kwargs: Any) -> Float:
+    return Float(validate=validate.Range(min=low, max=high), **kwargs)
 
 
 def _covariance(size: int) -> fields.List:
@@ -517,7 +535,7 @@ class AcceptanceFitSchema(StrictSchema):
     logit_temperature_slope = _number(-100.0, 100.0, required=True)
     covariance = _covariance(3)
     temperature_range = fields.List(_number(0.0, 2.0), validate=validate.Length(equal=2))
-    draft_fraction = fields.Float(validate=validate.Range(min=0.0, max=1.0, min_inclusive=False))
+    draft_fraction = Float(validate=validate.Range(min=0.0, max=1.0, min_inclusive=False))
     source = fields.String(validate=validate.Length(max=200))
     draft_fraction_logit = _number(-100.0, 100.0, allow_none=True)
     draft_fraction_temperature_slope = _number(-100.0, 100.0)
@@ -539,7 +557,7 @@ class FitSchema(StrictSchema):
     params = fields.Dict(required=True, metadata={
         "description": "step_time: StepTimeParams; prefill: PrefillParams; acceptance: AcceptanceModel "
                        "(docs/cost-model.md). Checked against the cost model's fields and bounds."})
-    residuals = fields.List(fields.Float(), load_default=list, validate=validate.Length(max=100_000))
+    residuals = fields.List(Float(), load_default=list, validate=validate.Length(max=100_000))
     created_at = fields.DateTime(dump_only=True)
 
     @validates_schema
@@ -565,7 +583,7 @@ class CalibrationRunSchema(Schema):
     method = fields.String()
     draft_model = fields.String(allow_none=True)
     status = fields.String(metadata={"description": "queued | running | succeeded | failed"})
-    progress = fields.Float()
+    progress = Float()
     message = fields.String(allow_none=True)
     error = fields.String(allow_none=True)
     queue = fields.String(allow_none=True)
@@ -583,7 +601,7 @@ class CalibrationUploadSchema(StrictSchema):
     """What ``advisor calibrate --server`` sends when a node ran the probes itself."""
 
     status = fields.String(validate=validate.OneOf(("running", "succeeded", "failed")))
-    progress = fields.Float(validate=validate.Range(min=0, max=1))
+    progress = Float(validate=validate.Range(min=0, max=1))
     message = fields.String(allow_none=True, validate=validate.Length(max=20_000))
     error = fields.String(allow_none=True, validate=validate.Length(max=200_000))
     environment = FreeDict()
@@ -639,7 +657,7 @@ class ScrapeResultSchema(Schema):
     state = fields.String()
     error = fields.String(allow_none=True)
     size_bytes = fields.Integer(allow_none=True)
-    duration_ms = fields.Float(allow_none=True)
+    duration_ms = Float(allow_none=True)
 
 
 class DriftSchema(Schema):

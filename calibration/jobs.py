@@ -191,9 +191,12 @@ def finish(request: dict[str, Any], environment: dict[str, Any], records: list[d
     if pooled:
         fits = [{**f, "params": {**f["params"], "source": f"calibration; timing pooled with runs {ids}"}}
                 if f["kind"] in POOLED_PROBES else f for f in fits]
+    timed = any(r.get("probe") in POOLED_PROBES for r in records)
     sink.record({"fits": fits, "status": "succeeded",
                  "message": f"{len(records)} measurements, {len(fits)} fits"
-                            + (f"; timing pooled with earlier runs {ids} (same conditions)" if pooled else "")})
+                            + (f"; timing pooled with earlier runs {ids} (same conditions)" if pooled else "")
+                            + ("" if timed else "; no timing probes: answers take their timing from the newest run "
+                                                "that timed this target")})
     return "succeeded"
 
 

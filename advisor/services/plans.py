@@ -14,6 +14,7 @@ from ..costmodel.checks import check_draft
 from ..errors import ApiError, field_error
 from ..extensions import db
 from ..models import Plan
+from ..plan_schemas import MAX_CANDIDATE_GPUS
 from . import calibrations, catalog
 
 DEFAULT_K_REF = {"draft_model": 4, "eagle": 3, "eagle3": 3, "ngram": 4, "suffix": 4, "mtp": 1}
@@ -32,6 +33,9 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
         rows = [catalog.require_gpu(name, f"gpus.{i}") for i, name in enumerate(data["gpus"])]
     else:
         rows = [g for g in catalog.list_gpus() if g.gpu_hour_usd and g.gpu_hour_usd > 0 and g.gpu_class != "cpu"]
+        if len(rows) > MAX_CANDIDATE_GPUS:  # bounded work, as for named candidates
+            raise field_error("gpus", f"The catalog holds {len(rows)} GPUs with a price; name at most "
+                                      f"{MAX_CANDIDATE_GPUS} candidates in gpus.")
         unknown = sorted(set(prices) - {g.name for g in rows})
         if unknown:
             raise field_error(f"gpu_hour_usd.{unknown[0]}",
@@ -131,6 +135,9 @@ def plan_input(data: dict[str, Any]) -> tuple[PlanInput, dict[str, str]]:
 def compute(data: dict[str, Any]) -> dict[str, Any]:
     """The plan for a validated request (not stored)."""
     plan, sources = plan_input(data)
+    # end the catalog reads' transaction before simulating (up to a minute): PostgreSQL ends a connection left idle
+    # in a transaction (idle_in_transaction_session_timeout), and the pool gets it back meanwhile
+    db.session.close()
     try:
         answer = plan_capacity(plan)
     except costmodel.CostModelError as exc:

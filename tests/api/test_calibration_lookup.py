@@ -156,3 +156,46 @@ def test_a_plan_times_with_the_timing_run_when_the_newest_measured_acceptance_on
     assert {o["sources"]["step_time"] for o in options} == {f"calibration:{timing}"}
     speculative = [o for o in options if o["mode"] == "speculative"]
     assert speculative and {o["sources"]["acceptance"] for o in speculative} == {f"calibration:{accepted}"}
+
+
+def test_the_cpu_closed_loops_user_prompt_run_is_priced_with_its_timing_run(app, client):
+    """The product path on real vLLM records (benchmarks/data): the 2026-12-05 CPU calibration, then the acceptance
+    run on the user's sample prompts (no timing probes), each fitted by ``calibration.jobs.finish``. json-b3's
+    scenario (n-gram k = 2, T = 0.3, B = 3), answered "calibrate" at 1.00x from our prompts (measured 1.13x), now
+    takes the sample's acceptance and the first run's timing."""
+    import json
+    from pathlib import Path
+
+    from advisor.services import calibrations
+    from calibration import jobs
+
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+
+    def stored(name: str, **request_changes) -> int:
+        records = [json.loads(line) for line in (data / name).read_text().splitlines() if line.strip()]
+        request = {"hardware": "CPU-2core", "target_model": "smollm2-135m-instruct", "method": "ngram",
+                   "num_speculative_tokens": 4, "temperatures": [0.0, 0.7, 1.0], "batch_sizes": [1, 2, 4, 8],
+                   **request_changes}
+        run = calibrations.create(request, external=True)
+        calibrations.record(run, {"environment": {"vllm_version": "0.32.0"}, "measurements": records})
+        assert jobs.finish(request, {}, records, jobs.DbSink(run.id)) == "succeeded"
+        return run.id
+
+    scenario = {"gpu": "CPU-2core", "target_model": "smollm2-135m-instruct",
+                "speculator": {"method": "ngram", "num_speculative_tokens": 2},
+                "workload": {"prompt_tokens": 64, "output_tokens": 120, "temperature": 0.3, "structure": "json",
+                             "concurrency": 3}}
+    with app.app_context():
+        timing = stored("closed_loop_2026-12-05-records.jsonl")
+    ours = client.post("/v1/recommendations", json=scenario).get_json()
+    with app.app_context():
+        accepted = stored("closed_loop_2026-12-05-user-prompts-records.jsonl", probes=["acceptance"])
+        assert calibrations.get(accepted).message.endswith(
+            "no timing probes: answers take their timing from the newest run that timed this target")
+    theirs = client.post("/v1/recommendations", json=scenario).get_json()
+    assert _sources(ours) == (f"calibration:{timing}", f"calibration:{timing}")
+    assert _sources(theirs) == (f"calibration:{timing}", f"calibration:{accepted}")
+    assert theirs["tpot_ms"]["baseline"] == ours["tpot_ms"]["baseline"]
+    # the closed loop's json-b3 row from each (benchmarks/closed_loop.py: 1.00x and 1.06x; measured 1.13x)
+    assert ours["speedup"]["expected"] == pytest.approx(0.9994, abs=5e-4)
+    assert theirs["speedup"]["expected"] == pytest.approx(1.0597, abs=5e-4)

@@ -155,3 +155,22 @@ def test_a_boolean_field_takes_only_json_true_or_false(client, auth, value):
         "pool_earlier_runs": value})
     assert response.status_code == 422 and "pool_earlier_runs" in response.get_json()["error"]["fields"]
     assert client.post("/v1/models", headers=auth, json={**model, "tie_word_embeddings": True}).status_code == 201
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"bf16_tflops": "3600"}, "bf16_tflops"),  # schemathesis (random seeds): a numeric string was a 201
+    ({"gpu_hour_usd": "0.4"}, "gpu_hour_usd"),
+    ({"gpu_hour_usd_date": "9591-89-38"}, "gpu_hour_usd_date"),  # the pattern's digits, no such day
+])
+def test_a_gpu_takes_json_numbers_and_calendar_dates(client, auth, change, field):
+    gpu = {"name": "Strict-1", "vendor": "x", "gpu_class": "hopper", "memory_gb": 80, "hbm_bandwidth_gb_per_s": 3000,
+           "bf16_tflops": 900, "gpu_hour_usd": 2.0, "gpu_hour_usd_date": "2026-02-28", "source": "test"}
+    response = client.post("/v1/gpus", headers=auth, json={**gpu, **change})
+    assert response.status_code == 422 and field in response.get_json()["error"]["fields"]
+    assert client.post("/v1/gpus", headers=auth, json=gpu).status_code == 201
+
+
+def test_a_scenario_number_given_as_a_string_is_a_422(client):
+    response = client.post("/v1/recommendations", json=example_scenario(workload={
+        "prompt_tokens": 512, "output_tokens": 256, "temperature": "0.5", "structure": "prose", "concurrency": 8}))
+    assert response.status_code == 422 and "workload.temperature" in response.get_json()["error"]["fields"]

@@ -166,3 +166,23 @@ def test_the_cli_prints_the_same_plan(app, tmp_path):
     spec.write_text(json.dumps(example_plan(gpus=["H900"], gpu_hour_usd=None)))
     bad = runner.invoke(plan_command, ["--spec", str(spec)])
     assert bad.exit_code == 1 and "gpus.0" in json.loads(bad.output)["error"]["fields"]
+
+
+def test_a_plan_over_a_catalog_of_many_priced_gpus_asks_which_to_consider(app, client, auth):
+    """A plan's work grows with its candidate GPUs. Named, they are at most 32; by default they were every priced
+    GPU of the catalog, as many as token holders had added (the fuzz's catalog made a plan simulate for a minute)."""
+    from advisor.plan_schemas import MAX_CANDIDATE_GPUS
+
+    body = example_plan(load={"requests_per_second": 1})
+    body.pop("gpus", None)
+    body.pop("gpu_hour_usd", None)
+    priced = len([g for g in client.get("/v1/gpus").get_json() if g["gpu_hour_usd"] > 0 and g["gpu_class"] != "cpu"])
+    for i in range(MAX_CANDIDATE_GPUS - priced + 1):
+        gpu = {"name": f"Many-{i}", "vendor": "x", "gpu_class": "hopper", "memory_gb": 80,
+               "hbm_bandwidth_gb_per_s": 3000, "bf16_tflops": 900, "gpu_hour_usd": 2.0,
+               "gpu_hour_usd_date": "2026-01-01", "source": "test"}
+        assert client.post("/v1/gpus", headers=auth, json=gpu).status_code == 201
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 422 and "gpus" in response.get_json()["error"]["fields"]
+    named = client.post("/v1/plans", json={**body, "gpus": ["H100-SXM", "Many-0"]})
+    assert named.status_code == 201, named.get_json()

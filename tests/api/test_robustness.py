@@ -653,3 +653,31 @@ def test_a_gpu_row_stored_below_the_floors_gets_a_422_not_a_500(app, client):
             "workload": {"prompt_tokens": 512, "output_tokens": 256, "structure": "prose"},
             "load": {"requests_per_second": 5}, "slo": {"latency_ms": 1e5}}
     assert client.post("/v1/plans", json=plan).status_code < 500
+
+
+def test_a_plan_does_not_hold_a_transaction_open_while_it_simulates(app, database_url, tmp_path):
+    """Schemathesis (random seeds) on PostgreSQL: a plan's request read the catalog in its session's transaction and
+    kept it open through a minute of simulation; the server ended the connection at
+    ``idle_in_transaction_session_timeout`` (10 × ``SPECADVISOR_DB_TIMEOUT_S``) and the INSERT got a 500. Here the
+    idle time-out is 1 s and the plan simulates for about 2 s."""
+    from advisor import create_app
+    from advisor.config import engine_options
+    from advisor.extensions import db
+    from advisor.services import catalog
+
+    if not database_url.startswith("postgresql"):
+        pytest.skip("idle_in_transaction_session_timeout is a PostgreSQL setting")
+    quick = create_app({"SQLALCHEMY_DATABASE_URI": database_url, "TESTING": True, "REDIS_URL": "",
+                        "INSTANCE_PATH": str(tmp_path), "SQLALCHEMY_ENGINE_OPTIONS": engine_options(database_url, 0.1, 2)})
+    catalog.forget_snapshots()
+    plan = {"target_model": "llama-3.1-8b-instruct", "slo": {"percentile": 99, "ttft_ms": 0.5},
+            "load": {"requests_per_second": 0.001},
+            "workload": {"prompt_tokens": 1_048_576, "output_tokens": 131_072, "structure": "rag"}}
+    try:
+        started = time.perf_counter()
+        response = quick.test_client().post("/v1/plans", json=plan)
+        assert response.status_code == 201, response.get_json()
+        assert time.perf_counter() - started > 1.0  # longer than the idle time-out
+    finally:
+        with quick.app_context():
+            db.engine.dispose()
