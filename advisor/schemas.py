@@ -45,6 +45,19 @@ class Float(fields.Float):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
+class Instant(fields.DateTime):
+    """An instant (ISO 8601; no offset = UTC) that UTC can hold: ``0001-01-01T00:00:04+06:00`` is in the year 0 in
+    UTC, which Python's datetime cannot represent (it was a 500 where the database compares instants)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> datetime.datetime:
+        parsed = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            return parsed.astimezone(datetime.timezone.utc) if parsed.tzinfo else parsed.replace(
+                tzinfo=datetime.timezone.utc)
+        except OverflowError:
+            raise ValidationError(f"{value!r} is outside the years 1-9999 in UTC.") from None
+
+
 class StrictBoolean(fields.Boolean):
     """JSON true or false only: marshmallow's Boolean also takes 1, 0.0, "yes" and "off", which the OpenAPI
     document's boolean does not."""
@@ -346,8 +359,8 @@ class RecommendationQuerySchema(StrictSchema):
     target_model = fields.String()
     method = fields.String(validate=validate.OneOf(METHODS))
     decision = fields.String(validate=validate.OneOf(("go", "no-go", "calibrate")))
-    created_after = fields.DateTime()
-    created_before = fields.DateTime()
+    created_after = Instant()
+    created_before = Instant()
 
 
 class RecommendationListQuerySchema(RecommendationQuerySchema):

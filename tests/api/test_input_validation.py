@@ -174,3 +174,14 @@ def test_a_scenario_number_given_as_a_string_is_a_422(client):
     response = client.post("/v1/recommendations", json=example_scenario(workload={
         "prompt_tokens": 512, "output_tokens": 256, "temperature": "0.5", "structure": "prose", "concurrency": 8}))
     assert response.status_code == 422 and "workload.temperature" in response.get_json()["error"]["fields"]
+
+
+@pytest.mark.parametrize("query", ["created_after=0001-01-01T00%3A00%3A04%2B06%3A00",  # the year 0 in UTC
+                                   "created_before=9999-12-31T23%3A59%3A59-01%3A00"])  # the year 10000
+def test_an_instant_utc_cannot_hold_is_a_422_naming_it(client, query):
+    """Schemathesis (random seeds): a 500 (OverflowError where the database compares instants in UTC)."""
+    for path in ("/v1/recommendations", "/v1/recommendations?after_id=5", "/v1/recommendations/export"):
+        response = client.get(f"{path}{'&' if '?' in path else '?'}{query}")
+        assert response.status_code == 422, (path, response.get_json())
+        assert query.split("=")[0] in response.get_json()["error"]["fields"]
+    assert client.get("/v1/recommendations?created_after=0001-01-01T06%3A00%3A04%2B06%3A00").status_code == 200
