@@ -20,13 +20,13 @@ class PlanWorkloadSchema(StrictSchema):
     temperature = Float(load_default=0.0, validate=validate.Range(min=0.0, max=2.0))
     structure = fields.String(required=True, validate=validate.OneOf(STRUCTURES))
     length_spread = Float(load_default=0.0, validate=validate.Range(min=0.0, max=1.0, max_inclusive=False),
-                                 metadata={"description": "Lengths uniform in mean·(1 ± spread) (vLLM bench's "
-                                                          "random-range-ratio); 0 = every request the mean."})
+                          metadata={"description": "Lengths uniform in mean·(1 ± spread) (vLLM bench's "
+                                                   "random-range-ratio); 0 = every request the mean."})
 
 
 class PlanLoadSchema(StrictSchema):
     requests_per_second = Float(required=True, validate=_positive(MAX_TOTAL_RPS),
-                                       metadata={"description": "Expected arrival rate (Poisson), all replicas."})
+                                metadata={"description": "Expected arrival rate (Poisson), all replicas."})
     growth = fields.List(Float(validate=_positive(10_000)), load_default=[1.0],
                          validate=validate.Length(min=1, max=MAX_LOAD_LEVELS),
                          metadata={"description": "Load levels as multiples of requests_per_second, e.g. [1, 2, 5]."})

@@ -138,13 +138,13 @@ class WorkloadSchema(StrictSchema):
     output_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=1_000_000),
                                    metadata={"description": "Mean output length in tokens."})
     temperature = Float(load_default=0.0, validate=validate.Range(min=0.0, max=2.0),
-                               metadata={"description": "Sampling temperature, 0 = greedy."})
+                        metadata={"description": "Sampling temperature, 0 = greedy."})
     structure = fields.String(required=True, validate=validate.OneOf(STRUCTURES),
                               metadata={"description": "Output structure: " + ", ".join(STRUCTURES)})
     concurrency = fields.Integer(strict=True, validate=validate.Range(min=1, max=65_536), allow_none=True,
                                  metadata={"description": "Requests in flight (closed loop)."})
     requests_per_second = Float(validate=_positive(1_000_000), allow_none=True,
-                                       metadata={"description": "Open-loop arrival rate."})
+                                metadata={"description": "Open-loop arrival rate."})
 
     @validates_schema
     def _load_given(self, data: dict, **_: object) -> None:
@@ -234,11 +234,11 @@ class ScenarioSchema(StrictSchema):
     workload = fields.Nested(WorkloadSchema, required=True)
     acceptance = fields.Nested(AcceptanceSchema, allow_none=True)
     gpu_hour_usd = Float(validate=_positive(10_000), allow_none=True,
-                                metadata={"description": "Your $/GPU-hour; default: the catalog's dated price."})
+                         metadata={"description": "Your $/GPU-hour; default: the catalog's dated price."})
     vram_gb = Float(validate=_positive(100_000), allow_none=True,
-                           metadata={"description": "Override the GPU's memory (GB per GPU)."})
+                    metadata={"description": "Override the GPU's memory (GB per GPU)."})
     gpu_memory_utilization = Float(load_default=0.92,
-                                          validate=validate.Range(min=0.05, max=1.0, min_inclusive=True))
+                                   validate=validate.Range(min=0.05, max=1.0, min_inclusive=True))
     slo = fields.Nested(SloSchema, allow_none=True)
     load = fields.Nested(LoadSchema, allow_none=True,
                          metadata={"description": "Total load to size the fleet for (TCO)."})
@@ -392,9 +392,9 @@ class GpuSchema(StrictSchema):
     # floors well below any accelerator that serves an LLM (a 2-core CPU: 33 GB/s, 0.47 TFLOP/s); below them a step
     # time leaves the range of a float
     hbm_bandwidth_gb_per_s = Float(required=True, validate=validate.Range(min=1.0, max=1e6),
-                                          metadata={"description": "At least 1 GB/s."})
+                                   metadata={"description": "At least 1 GB/s."})
     bf16_tflops = Float(required=True, validate=validate.Range(min=0.001, max=1e6),
-                               metadata={"description": "Dense; at least 0.001."})
+                        metadata={"description": "Dense; at least 0.001."})
     fp8_tflops = Float(validate=validate.Range(min=0.001, max=1e6), allow_none=True, load_default=None)
     gpu_hour_usd = Float(required=True, validate=_positive(10_000))
     gpu_hour_usd_date = fields.String(required=True, validate=[validate.Regexp(r"^\d{4}-\d{2}-\d{2}$",
