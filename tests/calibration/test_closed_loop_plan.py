@@ -185,21 +185,26 @@ def test_a_runs_acceptance_priced_with_its_own_timing_as_two_runs_predicts_as_th
     assert [f["kind"] for f in fits][:2] == ["step_time", "prefill"] and len(fits) == 14
 
 
-@pytest.mark.parametrize("name, measured, long_step, own, user", [
-    # (median %, signs right, intervals covering) from our probe prompts, then from the user's sample
-    ("closed_loop_2026-12-05", None, True, (7.5, 8, 7), (6.6, 9, 8)),
-    ("closed_loop_2026-12-05-long-step", None, False, (3.5, 8, 8), (4.4, 9, 8)),
-    ("closed_loop_2026-12-04", None, True, (4.3, 8, 8), (3.5, 9, 8)),
-    ("closed_loop_2026-12-01-amx", None, True, (7.2, 9, 8), (5.7, 9, 8)),
-    ("closed_loop_2026-12-01-plan", None, True, (6.8, 8, 9), (3.4, 9, 8)),
-    ("closed_loop_2026-12-01-engine-clock", "closed_loop_2026-12-01-plan", True, (15.0, 9, 9), (11.3, 9, 8)),
+@pytest.mark.parametrize("name, measured, long_step, own, user, user_misses", [
+    # (median %, signs right, intervals covering) from our probe prompts, then from the user's sample; the
+    # sample's interval misses
+    ("closed_loop_2026-12-05-0927", None, True, (4.8, 8, 7), (5.7, 8, 7), ["json-b3", "rag-b6"]),
+    ("closed_loop_2026-12-05", None, True, (7.5, 8, 7), (6.6, 9, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-05-long-step", None, False, (3.5, 8, 8), (4.4, 9, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-04", None, True, (4.3, 8, 8), (3.5, 9, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-01-amx", None, True, (7.2, 9, 8), (5.7, 9, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-01-plan", None, True, (6.8, 8, 9), (3.4, 9, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-01-engine-clock", "closed_loop_2026-12-01-plan", True, (15.0, 9, 9), (11.3, 9, 8),
+     ["rag-b6"]),
 ])
-def test_acceptance_on_the_users_own_prompts_gets_every_sign_right(name, measured, long_step, own, user):
+def test_acceptance_on_the_users_own_prompts_fixes_the_sql_transfer(name, measured, long_step, own, user,
+                                                                     user_misses):
     """2026-12-05: ``closed_loop --probes acceptance --prompts benchmarks/data/closed-loop-user-sample.jsonl`` (12
     prompts per structure in the held-out workloads' voice, none of theirs; 230 s), priced with each stored run's
-    timing as the service prices an acceptance-only run (docs/closed-loop.md). json-b3's sign, missed at break-even
-    on four of the six with our probe prompts, is right on all six; rag-b6 is the interval's one miss (the sample's
-    RAG questions draft on 29 % of steps, the workload's on 36-40 %)."""
+    timing as the service prices an acceptance-only run (docs/closed-loop.md). sql-b1, priced 19-28 % low from our
+    prompts, comes within 5 % on all seven. json-b3's sign, missed at break-even on five of the seven from our
+    prompts, is right on six; on the fresh run of 09:27 it stays below 1 (0.97x, measured 1.15x). rag-b6 leaves the
+    interval: the sample's RAG questions draft on 29 % of steps, the workload's on 36-40 %."""
     records = [r for r in _load(f"{name}-records.jsonl")
                if long_step or not (r["probe"] == "step_time" and r["values"].get("context_len", 0) > 500)]
     measurements = _load(f"{measured or name}-measurements.jsonl")
@@ -211,6 +216,6 @@ def test_acceptance_on_the_users_own_prompts_gets_every_sign_right(name, measure
         assert (round(100 * closed_loop.median_abs_error(results), 1),
                 sum((r.predicted_speedup > 1) == (r.measured_speedup > 1) for r in results), _covered(results)) \
             == expected
-    assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == ["rag-b6"]
+    assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == user_misses
     sql = next(r for r in results if r.name == "sql-b1")
     assert abs(sql.error) < 0.05 and sql.predicted_draft_fraction > 0.25  # 0.12-0.14 from our probe prompts
