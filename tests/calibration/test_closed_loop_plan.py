@@ -44,7 +44,8 @@ def test_held_out_workloads_share_no_prompt_with_the_calibration():
 
 def test_the_users_sample_prompts_are_not_the_measured_ones():
     sample = load_prompts(gcl.REPO_ROOT / "benchmarks" / "data" / "closed-loop-user-sample.jsonl")
-    assert {s: len(p) for s, p in sample.items()} == dict.fromkeys(("sql", "code", "json", "rag", "prose", "creative"), 12)
+    structures = ("sql", "code", "json", "rag", "prose", "creative")
+    assert {s: len(p) for s, p in sample.items()} == dict.fromkeys(structures, 12)
     measured = {p for case in closed_loop.workloads() for p in case.prompts}
     assert not measured & {p for prompts in sample.values() for p in prompts}
 
