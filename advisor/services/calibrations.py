@@ -206,13 +206,19 @@ def _composed(calibrations: list[costmodel.Calibration], target: str, drafter: s
     return base.with_timing(timing) if timing is not None else base
 
 
+def plan_runs(gpu: costmodel.GpuSpec, target: str, weights_dtype: str, kv_cache_dtype: str = "auto",
+              vllm_version: str | None = None) -> list[costmodel.Calibration]:
+    """The succeeded runs on ``gpu`` for ``target`` measured at these weights and KV-cache dtypes (and this vLLM
+    version, where one is asked), at any tensor-parallel size, newest first: what a capacity plan may use."""
+    return [cal for cal in _recent_calibrations(gpu.name, target)
+            if not costmodel.conditions_mismatch(cal, gpu, weights_dtype, kv_cache_dtype, vllm_version)]
+
+
 def plan_calibration(gpu: costmodel.GpuSpec, target: str, weights_dtype: str, kv_cache_dtype: str = "auto",
                      vllm_version: str | None = None) -> costmodel.Calibration | None:
-    """The calibration a capacity plan times and accepts with: of the succeeded runs on ``gpu`` for ``target``
-    measured at these weights and KV-cache dtypes (and this vLLM version, where one is asked), at any
-    tensor-parallel size, the newest one's acceptance and the newest timing."""
-    runs = [cal for cal in _recent_calibrations(gpu.name, target)
-            if not costmodel.conditions_mismatch(cal, gpu, weights_dtype, kv_cache_dtype, vllm_version)]
+    """The calibration a capacity plan times this GPU with: of :func:`plan_runs`, the newest timing (with the
+    newest run's acceptance; each speculator's acceptance is looked up over all of them)."""
+    runs = plan_runs(gpu, target, weights_dtype, kv_cache_dtype, vllm_version)
     return _composed(runs, target, None, lambda cal: bool(cal.acceptance))
 
 

@@ -68,7 +68,10 @@ def _speculators(data: dict[str, Any], target: costmodel.ModelSpec, offers: list
     given = data.get("speculators")
     items = given if given else catalog.speculator_candidates(target)
     structure = data["workload"]["structure"]
-    cals = [c for c in (_calibration(data, o.gpu, target) for o in offers) if c is not None]
+    # each speculator's acceptance from the newest run that measured it, on any candidate GPU
+    cals = [c for o in offers for c in calibrations.plan_runs(o.gpu, target.name, data.get("weights_dtype", "bf16"),
+                                                              data.get("kv_cache_dtype", "auto"),
+                                                              data.get("vllm_version"))]
     out = []
     for i, item in enumerate(items):
         method, name = item["method"], item.get("draft_model")

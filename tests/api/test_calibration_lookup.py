@@ -199,3 +199,24 @@ def test_the_cpu_closed_loops_user_prompt_run_is_priced_with_its_timing_run(app,
     # the closed loop's json-b3 row from each (benchmarks/closed_loop.py: 1.00x and 1.06x; measured 1.13x)
     assert ours["speedup"]["expected"] == pytest.approx(0.9994, abs=5e-4)
     assert theirs["speedup"]["expected"] == pytest.approx(1.0597, abs=5e-4)
+
+
+def test_a_plan_takes_each_speculators_acceptance_from_the_newest_run_that_measured_it(app, client):
+    """An older run measured the 1B drafter's acceptance, a newer one n-gram's on the user's prompts. main: a plan
+    took acceptance from the newest run only, and priced the drafter from the prior."""
+    from tests.api.test_plans import example_plan
+
+    drafter_run = _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, {"enforce_eager": False})
+    ngram_run = _acceptance_run(app)
+
+    def acceptance_source(speculator: dict) -> str:
+        body = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
+                            workload={"prompt_tokens": 512, "output_tokens": 256, "temperature": 0.0,
+                                      "structure": "prose"}, speculators=[speculator])
+        response = client.post("/v1/plans", json=body)
+        assert response.status_code == 201, response.get_json()
+        (option,) = [o for o in response.get_json()["options"] if o["mode"] == "speculative"]
+        return option["sources"]["acceptance"]
+
+    assert acceptance_source({"method": "draft_model", "draft_model": DRAFT}) == f"calibration:{drafter_run}"
+    assert acceptance_source({"method": "ngram"}) == f"calibration:{ngram_run}"
