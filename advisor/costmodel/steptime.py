@@ -227,8 +227,7 @@ def roofline_s(cost: ForwardCost, batch, query_tokens, context_tokens, eta_bw, e
     flops = tokens * (cost.flops_per_token + cost.attn_flops_per_token_per_ctx * ctx)
     mem_s = bytes_moved / (cost.bandwidth_bytes_per_s * eta_bw)
     comp_s = flops / (cost.peak_flops_per_s * eta_f)
-    p = sharpness
-    return (mem_s ** p + comp_s ** p) ** (1.0 / p)
+    return smooth_max_s(mem_s, comp_s, sharpness)
 
 
 def forward_time_s(cost: ForwardCost, params: StepTimeParams, batch, query_tokens, context_tokens,

@@ -21,10 +21,14 @@ DEFAULT_K_REF = {"draft_model": 4, "eagle": 3, "eagle3": 3, "ngram": 4, "suffix"
 
 
 # --------------------------------------------------------------------------------------------- building the input
+def _conditions(data: dict[str, Any]) -> tuple[str, str, str | None]:
+    """The plan's weights and KV-cache dtypes and vLLM version: what a calibration it uses must have measured at."""
+    return data.get("weights_dtype", "bf16"), data.get("kv_cache_dtype", "auto"), data.get("vllm_version")
+
+
 def _calibration(data: dict[str, Any], gpu: costmodel.GpuSpec, target: costmodel.ModelSpec):  # noqa: ANN202
-    """The newest calibration of ``target`` on ``gpu`` measured at the plan's dtypes and vLLM version (any TP)."""
-    return calibrations.plan_calibration(gpu, target.name, data.get("weights_dtype", "bf16"),
-                                         data.get("kv_cache_dtype", "auto"), data.get("vllm_version"))
+    """The calibration of ``target`` on ``gpu`` at the plan's conditions (any TP) that times the GPU."""
+    return calibrations.plan_calibration(gpu, target.name, *_conditions(data))
 
 
 def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[GpuOffer], dict[str, str]]:
@@ -69,9 +73,7 @@ def _speculators(data: dict[str, Any], target: costmodel.ModelSpec, offers: list
     items = given if given else catalog.speculator_candidates(target)
     structure = data["workload"]["structure"]
     # each speculator's acceptance from the newest run that measured it, on any candidate GPU
-    cals = [c for o in offers for c in calibrations.plan_runs(o.gpu, target.name, data.get("weights_dtype", "bf16"),
-                                                              data.get("kv_cache_dtype", "auto"),
-                                                              data.get("vllm_version"))]
+    cals = [c for o in offers for c in calibrations.plan_runs(o.gpu, target.name, *_conditions(data))]
     out = []
     for i, item in enumerate(items):
         method, name = item["method"], item.get("draft_model")

@@ -13,19 +13,23 @@ SCENARIO = example_scenario(speculator={"method": "draft_model", "draft_model": 
 
 def _run(app, config_extra: dict, engine: dict | None = None) -> int:
     """A succeeded H100 run for the 8B target with an acceptance fit (AL near k + 1) stored under the 1B drafter."""
-    from advisor.services import calibrations
-
     request = {"hardware": "H100-SXM", "target_model": "llama-3.1-8b-instruct", "method": "draft_model",
                "draft_model": DRAFT, "temperatures": [0.0], **config_extra}
     fit = {"method": "draft_model", "drafter": DRAFT, "structure": "prose", "logit_intercept": 4.0,
            "logit_position_slope": 0.0, "logit_temperature_slope": 0.0,
            "covariance": [[0.01, 0, 0], [0, 0.001, 0], [0, 0, 0.0]], "source": "calibration"}
+    return _succeeded(app, request, "acceptance", engine or {},
+                      [{"kind": "acceptance", "key": f"draft_model|{DRAFT}|prose", "params": fit}])
+
+
+def _succeeded(app, request: dict, probe: str, engine: dict, fits: list[dict]) -> int:
+    """A succeeded run of ``request`` holding ``fits`` and one ``probe`` measurement with these engine settings."""
+    from advisor.services import calibrations
+
     with app.app_context():
         run = calibrations.create(request, external=True)
-        calibrations.record(run, {
-            "measurements": [{"probe": "acceptance", "params": {"engine": engine or {}}, "values": {}}],
-            "fits": [{"kind": "acceptance", "key": f"draft_model|{DRAFT}|prose", "params": fit}],
-            "status": "succeeded"})
+        calibrations.record(run, {"measurements": [{"probe": probe, "params": {"engine": engine}, "values": {}}],
+                                  "fits": fits, "status": "succeeded"})
         return run.id
 
 
@@ -77,8 +81,6 @@ NGRAM = example_scenario(speculator={"method": "ngram", "num_speculative_tokens"
 
 def _timing_run(app, overhead_s: float, acceptance: bool = False) -> int:
     """A succeeded H100 n-gram run that timed the target (graphs), with or without an n-gram prose fit."""
-    from advisor.services import calibrations
-
     step = {"bandwidth_efficiency": 0.8, "compute_efficiency": 0.6, "fixed_overhead_s": overhead_s,
             "source": "calibration"}
     fits = [{"kind": "step_time", "key": TARGET, "params": step}]
@@ -86,29 +88,17 @@ def _timing_run(app, overhead_s: float, acceptance: bool = False) -> int:
         fits.append({"kind": "acceptance", "key": "ngram||prose", "params": {
             "method": "ngram", "structure": "prose", "logit_intercept": -1.0, "logit_position_slope": 0.0,
             "logit_temperature_slope": 0.0, "draft_fraction": 0.2, "source": "calibration"}})
-    with app.app_context():
-        run = calibrations.create({"hardware": "H100-SXM", "target_model": TARGET, "method": "ngram",
-                                   "temperatures": [0.0], "batch_sizes": [1, 8, 64]}, external=True)
-        engine = {"engine": {"enforce_eager": False}}
-        calibrations.record(run, {"measurements": [{"probe": "step_time", "params": engine, "values": {}}],
-                                  "fits": fits, "status": "succeeded"})
-        return run.id
+    return _succeeded(app, {"hardware": "H100-SXM", "target_model": TARGET, "method": "ngram", "temperatures": [0.0],
+                            "batch_sizes": [1, 8, 64]}, "step_time", {"enforce_eager": False}, fits)
 
 
 def _acceptance_run(app) -> int:
     """A succeeded H100 acceptance-only n-gram run (the user's prompts, real weights): no step-time fit."""
-    from advisor.services import calibrations
-
     fit = {"method": "ngram", "structure": "prose", "logit_intercept": 1.5, "logit_position_slope": 0.0,
            "logit_temperature_slope": 0.0, "draft_fraction": 0.6, "source": "calibration"}
-    with app.app_context():
-        run = calibrations.create({"hardware": "H100-SXM", "target_model": TARGET, "method": "ngram",
-                                   "temperatures": [0.0], "probes": ["acceptance"]}, external=True)
-        engine = {"engine": {"enforce_eager": False}}
-        calibrations.record(run, {"measurements": [{"probe": "acceptance", "params": engine, "values": {}}],
-                                  "fits": [{"kind": "acceptance", "key": "ngram||prose", "params": fit}],
-                                  "status": "succeeded"})
-        return run.id
+    return _succeeded(app, {"hardware": "H100-SXM", "target_model": TARGET, "method": "ngram", "temperatures": [0.0],
+                            "probes": ["acceptance"]}, "acceptance", {"enforce_eager": False},
+                      [{"kind": "acceptance", "key": "ngram||prose", "params": fit}])
 
 
 def _sources(answer: dict) -> tuple[str, str]:
