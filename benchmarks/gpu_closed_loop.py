@@ -40,6 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "advisor" / "data"
 TARGET = "llama-3.1-8b-instruct"
 DRAFT = "llama-3.2-1b-instruct"
+GPU = "H200-SXM"  # where the loop ran first; a run's own GPU is read from its files (run_gpu)
 BATCH_SIZES = (1, 4, 16, 64, 128, 256)
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 128
@@ -95,12 +96,36 @@ def catalog_row(name: str) -> dict:
     return dict(next(r for r in _catalog_rows() if r["name"] == name))
 
 
-def catalog_specs(drafter: str = DRAFT):
-    """(H200-SXM, target, drafter) as the cost model's specs, from the packaged catalog."""
+def catalog_specs(drafter: str = DRAFT, gpu_name: str = GPU):
+    """(the catalog GPU ``gpu_name``, target, drafter) as the cost model's specs, from the packaged catalog."""
     from advisor.costmodel import GpuSpec, ModelSpec
 
-    gpu = next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"] if g["name"] == "H200-SXM")
+    gpu = next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"] if g["name"] == gpu_name)
     return GpuSpec.from_dict(gpu), ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(drafter))
+
+
+def catalog_gpu(detected: str | None) -> str:
+    """The packaged catalog's name of a detected GPU (``NVIDIA H100 80GB HBM3`` -> ``H100-SXM``), matched as the
+    product checks a run's ``--hardware`` (``calibration.runner.hardware_mismatch``); H200-SXM for runs that kept
+    no GPU name (every run before the H100 lease was on the H200)."""
+    from calibration.runner import hardware_mismatch
+
+    if not detected:
+        return GPU
+    for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"]:
+        if g["gpu_class"] != "cpu" and hardware_mismatch(g["name"], {"gpu_name": detected}) is None:
+            return g["name"]
+    raise ValueError(f"no catalog GPU matches {detected!r}")
+
+
+def run_gpu(workdir: Path) -> str:
+    """The catalog GPU a run measured on: its measurements' GPU, else its calibration's."""
+    rows = load_jsonl(workdir / "measurements.jsonl")
+    detected = next((r.get("gpu_name") for r in rows if r.get("gpu_name")), None)
+    info = workdir / "calibration-run.json"
+    if detected is None and info.exists():
+        detected = json.loads(info.read_text()).get("environment", {}).get("gpu_name")
+    return catalog_gpu(detected)
 
 
 def shapes(workdir: Path, drafter: str = DRAFT) -> tuple[str, str]:
@@ -182,6 +207,47 @@ def calibrate(workdir: Path, engines: list[str] | None = None, tp: int = 1, draf
 
 
 # --------------------------------------------------------------------------------------------- measure
+def measure_config(target: str, draft: str, tp: int = 1, quantization: str | None = None,
+                   prompt_tokens: int = PROMPT_TOKENS, batch_sizes: tuple[int, ...] = BATCH_SIZES):
+    """The engine settings of the measurement's engines: the plan's GPU settings, with a KV cache that holds every
+    batch size's prompts, outputs and drafts (``OUTPUT_TOKENS`` generated)."""
+    from calibration.probes import default_kv_cache_gib
+
+    cfg = gpu_probe_config(target, draft, tp, quantization=quantization).resolved(on_gpu=True)
+    if prompt_tokens != PROMPT_TOKENS:  # long prompts: the largest batch's cache, with 15 % to spare (engines that
+        # start together share the GPU, and the plan's 50 % would not let two 8B engines hold B = 64 at 4k)
+        cfg = dataclasses.replace(cfg, context_len=prompt_tokens, max_num_seqs=max(batch_sizes),
+                                  decode_tokens=OUTPUT_TOKENS, long_context_len=None)
+        return dataclasses.replace(cfg, kv_cache_memory_gib=default_kv_cache_gib(cfg, spare=1.15))
+    return dataclasses.replace(cfg, decode_tokens=OUTPUT_TOKENS)
+
+
+def case_speculative_config(case: EngineCase, target: str, draft: str) -> dict | None:
+    """vLLM's ``speculative_config`` of a measured engine, at its first synthetic acceptance (None: the baseline)."""
+    from calibration.probes import DrafterSpec, synthetic_rates
+
+    if not case.method:
+        return None
+    d = DrafterSpec(case.method, case.k, model=None if case.method == "ngram" else draft, draft_sample_method=None)
+    return d.speculative_config(target, synthetic_rates(case.acceptances[0], case.k))
+
+
+def measure_groups(cases: list[EngineCase], cfg, target: str, draft: str,  # noqa: ANN001
+                   gpu_memory: int | None) -> list[list[EngineCase]]:
+    """The measured engines that start together: all of them where their memory estimates
+    (``calibration.probes.engine_memory_estimate_bytes``) fit in the GPU's whole memory, as the four engines of every
+    H200 lease ran (136 of 140 GiB estimated, ~132 held); else as the probe plan groups its engines
+    (``calibration.probes.start_groups``: as many as fit in 90 % of it), on an 80 GB H100 two and two."""
+    from calibration.probes import EnginePlan, engine_memory_estimate_bytes, held_engine_config, start_groups
+
+    items = [EnginePlan(c.label, target, case_speculative_config(c, target, draft)) for c in cases]
+    by_label = {c.label: c for c in cases}
+    need = sum(engine_memory_estimate_bytes(item, held_engine_config(cfg, 1)) for item in items)
+    if not items or not gpu_memory or need <= gpu_memory:
+        return [list(cases)] if cases else []
+    return [[by_label[item.label] for item in group] for group in start_groups(items, cfg, gpu_memory)]
+
+
 def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0,
                     quantization: str | None = None, prompt_tokens: int = PROMPT_TOKENS,
                     batch_sizes: tuple[int, ...] = BATCH_SIZES) -> None:
@@ -189,29 +255,18 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
     that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``.
     ``quantization``: the target's vLLM quantization (e.g. "fp8"; a drafter stays bf16, as vLLM loads it).
     ``prompt_tokens``: the prompts' length (a long one puts the KV read into every step)."""
-    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, default_kv_cache_gib,
-                                    engine_decode_spans_s, environment_info, event_stream, held_engine_config,
-                                    read_spec_counters, start_engine, stop_engine, synthetic_rates)
+    from calibration.probes import (_random_prompts, _sampling, engine_decode_spans_s, environment_info,
+                                    event_stream, held_engine_config, read_spec_counters, start_engine, stop_engine)
 
     import random
 
     events = event_stream() if held else None
-    cfg = gpu_probe_config(target, draft, tp, quantization=quantization).resolved(on_gpu=True)
-    if prompt_tokens != PROMPT_TOKENS:  # long prompts: the largest batch's cache, with 15 % to spare (engines that
-        # start together share the GPU, and the plan's 50 % would not let two 8B engines hold B = 64 at 4k)
-        cfg = dataclasses.replace(cfg, context_len=prompt_tokens, max_num_seqs=max(batch_sizes),
-                                  decode_tokens=OUTPUT_TOKENS, long_context_len=None)
-        cfg = dataclasses.replace(cfg, kv_cache_memory_gib=default_kv_cache_gib(cfg, spare=1.15))
+    cfg = measure_config(target, draft, tp, quantization, prompt_tokens, batch_sizes)
     if held:  # the KV cache holds every batch size's prompts, outputs and drafts
-        cfg = held_engine_config(dataclasses.replace(cfg, decode_tokens=OUTPUT_TOKENS), held)
+        cfg = held_engine_config(cfg, held)
     settings = cfg.engine_settings(target)
-    spec = None
-    acceptances: tuple[float | None, ...] = (None,)
-    if case.method:
-        d = DrafterSpec(case.method, case.k, model=None if case.method == "ngram" else draft,
-                        draft_sample_method=None)
-        acceptances = case.acceptances
-        spec = d.speculative_config(target, synthetic_rates(acceptances[0], case.k))
+    spec = case_speculative_config(case, target, draft)
+    acceptances: tuple[float | None, ...] = case.acceptances if case.method else (None,)
     llm, startup = start_engine(settings, spec)
     rng = random.Random(7)
     copy = case.method == "ngram"
@@ -272,7 +327,7 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: 
             batch_sizes: tuple[int, ...] = BATCH_SIZES) -> int:
     """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
     process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time."""
-    from calibration.probes import HeldProcess
+    from calibration.probes import HeldProcess, gpu_memory_bytes
 
     out = workdir / "measurements.jsonl"
     done = set()
@@ -285,24 +340,28 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: 
                 if all(by.get(lbl, set()) >= set(batch_sizes)
                        for lbl in ([c.label] if not c.method else [f"{c.label}-a{a:g}" for a in c.acceptances]))}
     todo = [c for c in engine_cases(drafter) if c.label not in done and not (only and c.label not in only)]
-    t0 = time.perf_counter()
-    procs = [HeldProcess([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir", str(workdir),
-                          "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp), "--held", str(len(todo)),
-                          "--drafter", drafter, "--prompt-tokens", str(prompt_tokens),
-                          "--batch-sizes", ",".join(map(str, batch_sizes))]
-                         + (["--quantization", quantization] if quantization else []), c.label) for c in todo]
+    target, draft = shapes(workdir, drafter)
+    cfg = measure_config(target, draft, tp, quantization, prompt_tokens, batch_sizes)
     status = 0
-    try:
-        ready = [p.wait_ready() for p in procs]
-        print(f"[measure] {sum(ready)}/{len(procs)} engines started in {time.perf_counter() - t0:.0f} s", flush=True)
-        for p, ok in zip(procs, ready):
-            t1 = time.perf_counter()
-            rc = p.run() if ok else p.proc.wait()
-            print(f"[measure] {p.label}: exit {rc} in {time.perf_counter() - t1:.0f} s", flush=True)
-            status = status or rc
-    finally:
-        for p in procs:
-            p.kill()
+    for group in measure_groups(todo, cfg, target, draft, gpu_memory_bytes()):
+        t0 = time.perf_counter()
+        procs = [HeldProcess([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir",
+                              str(workdir), "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp),
+                              "--held", str(len(group)), "--drafter", drafter, "--prompt-tokens", str(prompt_tokens),
+                              "--batch-sizes", ",".join(map(str, batch_sizes))]
+                             + (["--quantization", quantization] if quantization else []), c.label) for c in group]
+        try:
+            ready = [p.wait_ready() for p in procs]
+            print(f"[measure] {sum(ready)}/{len(procs)} engines started in {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+            for p, ok in zip(procs, ready):
+                t1 = time.perf_counter()
+                rc = p.run() if ok else p.proc.wait()
+                print(f"[measure] {p.label}: exit {rc} in {time.perf_counter() - t1:.0f} s", flush=True)
+                status = status or rc
+        finally:
+            for p in procs:
+                p.kill()
     return status
 
 
@@ -426,12 +485,13 @@ def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path |
     ``pooled_with`` (earlier calibrations of the same conditions), from its fit with their timing records, as a
     product run's fit pools its earlier runs' (:func:`calibration.fit.pool_runs`); with ``remeasured`` (later
     measurements of the same engines), against their pooled speedups (``pool_measurements``); with ``profile``,
-    from the shipped engine profile of H200-SXM × vLLM 0.24 instead of any calibration (the answer a scenario
+    from the shipped engine profile of the run's GPU × vLLM 0.24 instead of any calibration (the answer a scenario
     naming that vLLM version gets before its user calibrates)."""
     from calibration.fit import POOLED_PROBES, pool_runs
 
     records = pool_runs([calibration_records(d) for d in (calibration_dir or workdir, *pooled_with)], POOLED_PROBES)
-    points, results = predict_measurements(workdir, records, shipped_profile() if profile else None)
+    gpu = run_gpu(workdir)
+    points, results = predict_measurements(workdir, records, shipped_profile(gpu=gpu) if profile else None)
     if remeasured:
         points = pool_measurements(points, [measured_speedups(d) for d in remeasured])
     step_fit = results[f"step_time:{TARGET}"]
@@ -440,7 +500,7 @@ def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path |
         print(f"  {row['kind']:6} B={row['batch']:3} q={row['q']} T={row['temperature']:g} measured "
               f"{1e3 * row['measured_s']:.2f} ms predicted {1e3 * row['predicted_s']:.2f} ms")
     summary = summarise(points)
-    mixed = mixed_steps(records, results)
+    mixed = mixed_steps(records, results, gpu)
     if mixed:
         summary["mixed_steps"] = mixed
     print(format_table(points))
@@ -451,14 +511,14 @@ def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path |
     return 0
 
 
-def mixed_steps(records: list[dict], results: dict) -> list[dict]:
+def mixed_steps(records: list[dict], results: dict, gpu_name: str = GPU) -> list[dict]:
     """The plan's mixed-width verify steps (``ProbeConfig.mixed_width_batch_sizes``: half the batch drafts k, half
     nothing) against what the cost model charges such a batch, a uniform verify of the same mean width
     (``evaluate_grid``: q = 1 + f·k) priced by the run's own step fit, and against the same engine's uniform steps
     at q = 1 and q = k + 1 (each measured, at the same B)."""
     from calibration.fit import StepPoint, predict_points, run_weights_dtype
 
-    gpu, target, _ = catalog_specs(run_drafter(records))
+    gpu, target, _ = catalog_specs(run_drafter(records), gpu_name)
     params = results[f"step_time:{TARGET}"].params
     uniform = {(r["params"]["engine"]["label"], r["values"]["batch_size"], r["values"]["q"]): r["values"]["step_s"]
                for r in records if r["probe"] == "step_time" and r["values"].get("kind", "step") == "step"
@@ -514,12 +574,12 @@ def measured_weights_dtype(row: dict) -> str:
     return engine_weights_dtype({"quantization": row.get("quantization")}) or "bf16"
 
 
-def shipped_profile(vllm_version: str = "0.24"):
-    """The shipped engine profile of H200-SXM × ``vllm_version`` (``advisor/data/engine_profiles.json``)."""
+def shipped_profile(vllm_version: str = "0.24", gpu: str = GPU):
+    """The shipped engine profile of ``gpu`` × ``vllm_version`` (``advisor/data/engine_profiles.json``)."""
     from advisor.costmodel.types import MeasuredEngineProfile
 
     items = json.loads(PROFILES_FILE.read_text())["items"]
-    return MeasuredEngineProfile.from_dict(next(p for p in items if p["gpu"] == "H200-SXM"
+    return MeasuredEngineProfile.from_dict(next(p for p in items if p["gpu"] == gpu
                                                 and p["vllm_version"] == vllm_version))
 
 
@@ -532,7 +592,7 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
     from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
-    gpu, target, draft = catalog_specs(run_drafter(records))
+    gpu, target, draft = catalog_specs(run_drafter(records), run_gpu(workdir))
     cal, results = build_gpu_calibration(records, gpu, target, draft)
     if adjust is not None:
         cal = adjust(cal)
@@ -553,7 +613,7 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
         k, a = r["k"], r["acceptance"]
         copy = r["method"] == "ngram"
         scen = Scenario(
-            gpu="H200-SXM", target_model=TARGET,
+            gpu=gpu.name, target_model=TARGET,
             speculator=Speculator(r["method"], None if copy else draft.name, k),
             workload=Workload(r["prompt_tokens"], r["output_tokens"], 0.0, "code", concurrency=r["batch_size"]),
             gpu_count=tp,
@@ -619,14 +679,14 @@ def with_target_steps(records: list[dict], extra: list[dict]) -> list[dict]:
 
 def write_profile(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, ...] = (),
                   pool: tuple[Path, ...] = ()) -> dict:
-    """The run's fit as the shipped engine profile of H200-SXM × this vLLM version (advisor/data/engine_profiles.json).
+    """The run's fit as the shipped engine profile of its GPU × this vLLM version (advisor/data/engine_profiles.json).
     A run of the default drafter replaces the profile's timing (and its own drafter entry); a run of another
     drafter (an EAGLE head) adds or replaces only that drafter's entry in ``drafters``. ``extra``: record files
     whose target decode steps join the fit (:func:`with_target_steps`); ``pool``: other runs (other leases, other
     calibrations of one lease) whose records join ``workdir``'s in one fit (:func:`pooled_records`)."""
     records = pooled_records([workdir, *pool], [r for path in extra for r in load_jsonl(REPO_ROOT / path)])
     drafter = run_drafter(records)
-    gpu, target, draft = catalog_specs(drafter)
+    gpu, target, draft = catalog_specs(drafter, run_gpu(workdir))
     cal, _ = build_gpu_calibration(records, gpu, target, draft)
     env = json.loads((workdir / "calibration-run.json").read_text())["environment"]
     data = json.loads(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {
@@ -730,7 +790,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", type=Path, action="append", default=[],
                         help="profile: another run whose calibration records join --workdir's in one fit (repeatable)")
     parser.add_argument("--profile", action="store_true",
-                        help="analyze: predict from the shipped engine profile (H200-SXM x vLLM 0.24), no calibration")
+                        help="analyze: predict from the shipped engine profile (the run's GPU x vLLM 0.24), "
+                             "no calibration")
     parser.add_argument("--pooled-with", type=Path, action="append", default=[], metavar="RUN",
                         help="analyze: an earlier calibration whose timing records the fit pools (as the product's "
                              "jobs pool a node's earlier runs of the same conditions); repeatable")
