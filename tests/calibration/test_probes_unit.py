@@ -294,6 +294,38 @@ def test_gpu_engines_start_together_as_memory_allows(tmp_path):
     assert held.gpu_memory_utilization == 0.225 and held.kv_cache_memory_gib == kv_gib
 
 
+def test_the_gpu_loop_runs_on_an_80_gb_h100_and_names_its_gpu(tmp_path):
+    """The closed loop on another GPU: the plan and the measurement start their engines two and two on an 80 GB
+    H100 (four 8B engines hold ~130 GiB), all four together on an H200 as every H200 lease did; the run is priced on
+    the GPU it ran on, named as the product matches ``--hardware`` to the detected device."""
+    from benchmarks import gpu_closed_loop as gcl
+    from calibration.probes import plan_engines, start_groups
+
+    target, draft = gcl.shapes(tmp_path)
+    h100, h200 = int(79.2 * 2**30), int(139.8 * 2**30)
+    cfg = gcl.gpu_probe_config(target, draft).resolved(on_gpu=True)
+    assert [len(g) for g in start_groups(plan_engines(cfg), cfg, h100)] == [2, 2]
+    assert [len(g) for g in start_groups(plan_engines(cfg), cfg, h200)] == [4]
+    measured = gcl.measure_config(target, draft)
+    assert measured.decode_tokens == gcl.OUTPUT_TOKENS
+    cases = gcl.engine_cases()
+    labels = lambda groups: [[c.label for c in g] for g in groups]  # noqa: E731
+    assert labels(gcl.measure_groups(cases, measured, target, draft, h200)) == [[c.label for c in cases]]
+    assert labels(gcl.measure_groups(cases, measured, target, draft, h100)) == [
+        ["baseline", "draft_model-k3"], ["draft_model-k5", "ngram-k3"]]
+    assert gcl.case_speculative_config(cases[0], target, draft) is None
+    spec = gcl.case_speculative_config(cases[1], target, draft)
+    assert spec["method"] == "draft_model" and spec["num_speculative_tokens"] == 3
+    assert gcl.catalog_gpu("NVIDIA H100 80GB HBM3") == "H100-SXM"
+    assert gcl.catalog_gpu("NVIDIA H200") == "H200-SXM" == gcl.catalog_gpu(None)
+    with pytest.raises(ValueError):
+        gcl.catalog_gpu("NVIDIA GB300")
+    (tmp_path / "measurements.jsonl").write_text(json.dumps({"engine": "baseline", "gpu_name": "NVIDIA H100 PCIe"})
+                                                 + "\n")
+    assert gcl.run_gpu(tmp_path) == "H100-SXM"
+    assert gcl.run_gpu(tmp_path / "none") == "H200-SXM"
+
+
 def test_a_gpu_run_reads_the_host_cores_speed_throughout(monkeypatch, tmp_path):
     """A run with ``host_speed_interval_s`` set (GPU nodes: 1 s) keeps one ``host_speed`` record: a busy loop's
     iterations per 50 ms over the run, in a child process; the run's page says how far apart they were."""
