@@ -480,18 +480,21 @@ def measurement_rows(workdir: Path) -> list[dict]:
 
 
 def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None,
-            remeasured: tuple[Path, ...] = (), profile: bool = False, pooled_with: tuple[Path, ...] = ()) -> int:
+            remeasured: tuple[Path, ...] = (), profile: bool = False, pooled_with: tuple[Path, ...] = (),
+            uncalibrated: bool = False) -> int:
     """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run); with
     ``pooled_with`` (earlier calibrations of the same conditions), from its fit with their timing records, as a
     product run's fit pools its earlier runs' (:func:`calibration.fit.pool_runs`); with ``remeasured`` (later
     measurements of the same engines), against their pooled speedups (``pool_measurements``); with ``profile``,
     from the shipped engine profile of the run's GPU × vLLM 0.24 instead of any calibration (the answer a scenario
-    naming that vLLM version gets before its user calibrates)."""
+    naming that vLLM version gets before its user calibrates); with ``uncalibrated``, from neither (the catalog's
+    defaults: the answer on a GPU without a profile, before its user calibrates)."""
     from calibration.fit import POOLED_PROBES, pool_runs
 
     records = pool_runs([calibration_records(d) for d in (calibration_dir or workdir, *pooled_with)], POOLED_PROBES)
     gpu = run_gpu(workdir)
-    points, results = predict_measurements(workdir, records, shipped_profile(gpu=gpu) if profile else None)
+    points, results = predict_measurements(workdir, records, shipped_profile(gpu=gpu) if profile else None,
+                                           uncalibrated=uncalibrated)
     if remeasured:
         points = pool_measurements(points, [measured_speedups(d) for d in remeasured])
     step_fit = results[f"step_time:{TARGET}"]
@@ -584,10 +587,12 @@ def shipped_profile(vllm_version: str = "0.24", gpu: str = GPU):
 
 
 def predict_measurements(workdir: Path, records: list[dict], profile=None,  # noqa: ANN001
-                         adjust: Callable[[Any], Any] | None = None) -> tuple[list[Point], dict]:
+                         adjust: Callable[[Any], Any] | None = None,
+                         uncalibrated: bool = False) -> tuple[list[Point], dict]:
     """``workdir``'s measured points, each with the speedup ``predict`` gives from the calibration ``records``, or
     with ``profile`` (a ``MeasuredEngineProfile``) from that profile and no calibration (the records then give only
-    n-gram's drafted fraction, a workload input); and the fits (``fit_run``'s results). ``adjust``: the fitted
+    n-gram's drafted fraction, a workload input), or ``uncalibrated`` from neither (the catalog's defaults); and the
+    fits (``fit_run``'s results). ``adjust``: the fitted
     ``Calibration`` -> the one to predict from (an experiment on the fit's output, benchmarks/calibration_tally.py)."""
     from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
@@ -620,8 +625,8 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
             weights_dtype=measured_weights_dtype(r),
             acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
-        ans = predict(scen, gpu, target, None if copy else draft, None if profile else cal, compare_methods=False,
-                      profile=profile).to_dict()
+        ans = predict(scen, gpu, target, None if copy else draft, None if profile or uncalibrated else cal,
+                      compare_methods=False, profile=profile).to_dict()
         sp = ans["speedup"]
         extra = {"decision": ans["decision"], "break_even": ans.get("break_even_concurrency"),
                  "decode_measured": base[r["batch_size"]] / _decode_s(r), "decode_predicted": sp["decode"]}
@@ -792,6 +797,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="analyze: predict from the shipped engine profile (the run's GPU x vLLM 0.24), "
                              "no calibration")
+    parser.add_argument("--uncalibrated", action="store_true",
+                        help="analyze: predict from the catalog's defaults alone (no calibration, no profile)")
     parser.add_argument("--pooled-with", type=Path, action="append", default=[], metavar="RUN",
                         help="analyze: an earlier calibration whose timing records the fit pools (as the product's "
                              "jobs pool a node's earlier runs of the same conditions); repeatable")
@@ -827,7 +834,7 @@ def main(args: argparse.Namespace) -> int:
                                        pool=tuple(args.pool)), indent=1))
         return 0
     return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured), args.profile,
-                   tuple(args.pooled_with))
+                   tuple(args.pooled_with), args.uncalibrated)
 
 
 if __name__ == "__main__":
