@@ -21,9 +21,9 @@ counts them). Five versions:
 
 Per version: the mean and median over the calibrations of the median |error|, how many are ≤ 10 %, the n-gram and
 draft-model medians, signs right and intervals covering over all points, and the median signed n-gram error per
-(acceptance, batch size). Then the fit as it ships and the two floored versions on every bf16 lease
-(``gcl.BF16_LEASES``, one measurement each), from each lease's own first calibration and from the engine profile
-(the changed fit's profile refitted in memory from the same five calibrations).
+(acceptance, batch size). Then the fit as it ships and the two floored versions on every bf16 lease of the
+tally's day (``FOURTEEN_LEASES``, one measurement each), from each lease's own first calibration and from the
+engine profile (the changed fit's profile refitted in memory from the same five calibrations).
 
     python -m benchmarks.calibration_tally [--json OUT]
 """
@@ -51,6 +51,8 @@ DATA = REPO_ROOT / "benchmarks" / "data"
 LEASES = {"run10": ("run10", "run10-second", "run10-third"), "run13": ("run13", "run13-second"),
           "run14": ("run14", "run14-second"), "run15": ("run15", "run15-second"),
           "run16": ("run16", "run16-second"), "run17": ("run17", "run17-second")}
+# the bf16 leases this tally was taken over (benchmarks/data/calibration-tally-2026-12-05.json): runs 1-17
+FOURTEEN_LEASES = tuple(name for name in gcl.BF16_LEASES if name != "h200-vllm0.24-run18")
 VARIANTS = ("as-shipped", "pooled-across-leases", "off-graph-left-out", "off-graph-left-out+start-spread",
             "off-graph-left-out+implied-spread")
 
@@ -167,7 +169,7 @@ def fourteen_leases(variant: str, source: str, spread: float) -> LeaseTally:
     keep, adjust = fit_version(variant, spread)
     profile = profile_for(variant, spread) if source == "profile" else None
     medians, signs, covered, n = {}, 0, 0, 0
-    for name in gcl.BF16_LEASES:
+    for name in FOURTEEN_LEASES:
         lease = DATA / name
         points, _ = gcl.predict_measurements(lease, keep(gcl.calibration_records(lease)), profile,
                                              adjust=None if profile else adjust)
@@ -264,7 +266,7 @@ def main(args: argparse.Namespace) -> int:
     leases = [fourteen_leases(v, source, floor(v)) for v in ("as-shipped", "off-graph-left-out+start-spread",
                                                              "off-graph-left-out+implied-spread")
               for source in ("own", "profile")]
-    print(f"\nevery bf16 lease ({len(gcl.BF16_LEASES)}), one measurement each:")
+    print(f"\nevery bf16 lease of 2026-12-05 ({len(FOURTEEN_LEASES)}), one measurement each:")
     for t in leases:
         print(f"{t.variant:34s} {t.source:8s} mean {t.mean:6.1%} median {t.median:6.1%} "
               f"signs {t.signs_right}/{t.points} covers {t.covered}/{t.points}")

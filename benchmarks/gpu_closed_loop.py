@@ -651,7 +651,7 @@ PROFILE_LONG_CONTEXT = Path("benchmarks/data/h200-vllm0.24-kv/kv-auto.jsonl")  #
 BF16_LEASES = ("h200-vllm0.24", "h200-vllm0.24-run2", "h200-vllm0.24-run3", "h200-vllm0.24-run4",
                "h200-vllm0.24-run5", "h200-vllm0.24-run7", "h200-vllm0.24-run8", "h200-vllm0.24-run9",
                "h200-vllm0.24-run10", "h200-vllm0.24-run13", "h200-vllm0.24-run14",
-               "h200-vllm0.24-run15", "h200-vllm0.24-run16", "h200-vllm0.24-run17")
+               "h200-vllm0.24-run15", "h200-vllm0.24-run16", "h200-vllm0.24-run17", "h200-vllm0.24-run18")
 # The shipped profile's fit: every calibration of the plan as it ships (cycles over 128 tokens; runs 10 and 13, two
 # leases), pooled, each with run 12's long-context steps. Across the ten bf16 leases it predicts a mean 13.4 % (run 1
 # alone, the profile before: 18.6 %); the cross-lease spread of the host-bound steps widens its interval.

