@@ -20,6 +20,11 @@ LOGIT_LIMIT = 15.0  # |logit| bound of a stated per-position fit (rates within 3
 # SQL drafted on 29 % of steps against 12 % predicted from the probe prompts, JSON 44 % against 19 %: ~1.1 logit).
 TRANSFER_LOGIT_STD = 0.3
 DRAFT_FRACTION_LOGIT_STD = 0.7
+# ... and the two move together: prompts whose answers copy more of their context draft more often and accept more of
+# each draft. Between two probe sets of the CPU closed loop (ours and the user sample, 18 n-gram cells) the changes in
+# logit(drafted fraction) and ln(AL) correlate at 0.87; between the probe set and the held-out workloads (7 n-gram
+# workloads) at 0.80 (docs/closed-loop.md, "Drafting and acceptance move together").
+DRAFT_FRACTION_ACCEPTANCE_CORR = 0.8
 
 
 def expected_tokens_iid(alpha: float, k: int) -> float:
@@ -166,9 +171,13 @@ def with_transfer_spread(model: AcceptanceModel) -> AcceptanceModel:
     return dataclasses.replace(model, covariance=cov.tolist())
 
 
-def sample_draft_fraction(fraction: float, std_normal: np.ndarray) -> np.ndarray:
-    """Draws of a copy drafter's drafting fraction: logit-normal around ``fraction``; draw 0 is ``fraction``."""
+def sample_draft_fraction(fraction: float, std_normal: np.ndarray, intercept_normal: np.ndarray) -> np.ndarray:
+    """Draws of a copy drafter's drafting fraction: logit-normal around ``fraction``, its normal correlated at
+    DRAFT_FRACTION_ACCEPTANCE_CORR with ``intercept_normal`` (the draws of the acceptance intercept's, so that a
+    prompt set that copies more both drafts more and accepts more); draw 0 is ``fraction``."""
     f = min(max(fraction, 1e-6), 1 - 1e-6)
-    draws = sigmoid(np.log(f / (1 - f)) + DRAFT_FRACTION_LOGIT_STD * np.asarray(std_normal, dtype=float))
+    rho = DRAFT_FRACTION_ACCEPTANCE_CORR
+    z = rho * np.asarray(intercept_normal, dtype=float) + math.sqrt(1.0 - rho * rho) * np.asarray(std_normal)
+    draws = sigmoid(np.log(f / (1 - f)) + DRAFT_FRACTION_LOGIT_STD * z)
     draws[0] = fraction
     return draws

@@ -365,7 +365,7 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         step = _mc_step_samples(ctx.target_step, ctx.draft_step, samples)
     fraction = np.full(samples, draft_fraction_at(acc, temperature))
     if samples > 1 and setup.method in COPY_DRAFTERS and not ctx.draft_fraction_given:
-        fraction = sample_draft_fraction(float(fraction[0]), z_over[:, 4])  # row 0 stays the point
+        fraction = sample_draft_fraction(float(fraction[0]), z_over[:, 4], z_acc[:, 0])  # row 0 stays the point
     return evaluate_grid(setup, batch, ks, r, fraction, step)
 
 

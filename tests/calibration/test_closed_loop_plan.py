@@ -81,8 +81,8 @@ def test_run_on_an_amx_host_meets_every_cpu_target():
 
 
 def test_a_third_host_misses_only_json_b3s_sign_on_its_drafted_fraction():
-    """2026-12-04, an Intel Xeon with AMX, from a fresh clone: median 4.3 %, sign 8/9, interval 8/9. The one miss
-    is json-b3 at break-even ("calibrate": predicted 0.99x, measured 1.31x), as on the first host: its held-out
+    """2026-12-04, an Intel Xeon with AMX, from a fresh clone: median 4.3 %, sign 8/9, interval 9/9 (8/9 before the
+    drafted fraction's draws moved with the acceptance's: json-b3 left it). The one miss is json-b3 at break-even ("calibrate": predicted 0.99x, measured 1.31x), as on the first host: its held-out
     prompts draft on 44 % of steps against 22 % on the probe set. At the drafted fraction measured its speculative
     TPOT comes out 10 % high instead of 27 %; the rest is its acceptance length (1.95 predicted, 2.24 measured)."""
     import dataclasses
@@ -92,7 +92,7 @@ def test_a_third_host_misses_only_json_b3s_sign_on_its_drafted_fraction():
                                      records)
     assert len(results) == 9 and round(100 * closed_loop.median_abs_error(results), 1) == 4.3
     assert [r.name for r in results if (r.predicted_speedup > 1) != (r.measured_speedup > 1)] == ["json-b3"]
-    assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == ["json-b3"]
+    assert [r.name for r in results if not r.predicted_low <= r.measured_speedup <= r.predicted_high] == []
     json_b3 = next(r for r in results if r.name == "json-b3")
     assert json_b3.decision == "calibrate" and json_b3.predicted_draft_fraction < 0.6 * json_b3.measured_draft_fraction
     gpu, target = closed_loop.load_catalog()
@@ -129,7 +129,7 @@ def _covered(results) -> int:
 
 
 @pytest.mark.parametrize("name, long_step, median_pct, old_median_pct, covered, old_covered", [
-    ("closed_loop_2026-12-05", True, 7.5, 8.6, 7, 8),  # the product plan as shipped
+    ("closed_loop_2026-12-05", True, 7.5, 8.6, 8, 8),  # the product plan as shipped
     ("closed_loop_2026-12-05-long-step", False, 3.5, 5.4, 8, 8),  # a second run, its extra long step left out
 ])
 def test_cycles_timed_per_engine_iteration_fit_the_steps_and_the_held_out_workloads(
@@ -189,14 +189,13 @@ def test_a_runs_acceptance_priced_with_its_own_timing_as_two_runs_predicts_as_th
 @pytest.mark.parametrize("name, measured, long_step, own, user, user_misses", [
     # (median %, signs right, intervals covering) from our probe prompts, then from the user's sample; the
     # sample's interval misses
-    ("closed_loop_2026-12-05-0927", None, True, (4.8, 8, 7), (5.7, 8, 7), ["json-b3", "rag-b6"]),
-    ("closed_loop_2026-12-05", None, True, (7.5, 8, 7), (6.6, 9, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-05-0927", None, True, (4.8, 8, 7), (5.7, 8, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-05", None, True, (7.5, 8, 8), (6.6, 9, 8), ["rag-b6"]),
     ("closed_loop_2026-12-05-long-step", None, False, (3.5, 8, 8), (4.4, 9, 8), ["rag-b6"]),
-    ("closed_loop_2026-12-04", None, True, (4.3, 8, 8), (3.5, 9, 8), ["rag-b6"]),
+    ("closed_loop_2026-12-04", None, True, (4.3, 8, 9), (3.5, 9, 8), ["rag-b6"]),
     ("closed_loop_2026-12-01-amx", None, True, (7.2, 9, 8), (5.7, 9, 8), ["rag-b6"]),
     ("closed_loop_2026-12-01-plan", None, True, (6.8, 8, 9), (3.4, 9, 8), ["rag-b6"]),
-    ("closed_loop_2026-12-01-engine-clock", "closed_loop_2026-12-01-plan", True, (15.0, 9, 9), (11.3, 9, 8),
-     ["rag-b6"]),
+    ("closed_loop_2026-12-01-engine-clock", "closed_loop_2026-12-01-plan", True, (15.0, 9, 9), (11.3, 9, 9), []),
 ])
 def test_acceptance_on_the_users_own_prompts_fixes_the_sql_transfer(name, measured, long_step, own, user,
                                                                      user_misses):
@@ -248,3 +247,46 @@ def test_two_prompt_sets_differ_by_less_than_the_intervals_transfer_spread():
     style = math.sqrt((between / math.sqrt(2)) ** 2 - (within / math.sqrt(12)) ** 2)
     three_prompts = math.sqrt(style ** 2 + (within / math.sqrt(12)) ** 2 + within ** 2 / 3)
     assert round(style, 2) == 0.25 and round(three_prompts, 2) == 0.54 < 0.7
+
+
+def test_drafting_and_acceptance_move_together_between_prompt_sets():
+    """docs/closed-loop.md, "Drafting and acceptance move together": between our probe set and the user's sample
+    (18 n-gram cells) the changes in logit(drafted fraction) and ln(AL) correlate at 0.87, between the probe set and
+    the seven held-out n-gram workloads at 0.80; the interval's draws of the drafted fraction share their normal with
+    the acceptance intercept's at DRAFT_FRACTION_ACCEPTANCE_CORR = 0.8, and the point (draw 0) stays put."""
+    import math
+    import statistics
+
+    import numpy as np
+
+    from advisor.costmodel import acceptance
+
+    def logit(p: float) -> float:
+        p = min(max(p, 0.01), 0.99)
+        return math.log(p / (1 - p))
+
+    def cells(name: str) -> dict:
+        return {(r["values"]["structure"], r["values"]["temperature"]): r["values"] for r in _load(name)
+                if r["probe"] == "acceptance" and r["values"]["method"] == "ngram"}
+
+    ours = cells("closed_loop_2026-12-05-records.jsonl")
+    sample = cells("closed_loop_2026-12-05-user-prompts-records.jsonl")
+    between = statistics.correlation(
+        [logit(sample[k]["drafted_fraction"]) - logit(ours[k]["drafted_fraction"]) for k in ours],
+        [math.log(sample[k]["acceptance_length"] / ours[k]["acceptance_length"]) for k in ours])
+    results, _ = closed_loop.compare(closed_loop.workloads(), _load("closed_loop_2026-12-05-0927-measurements.jsonl"),
+                                     _load("closed_loop_2026-12-05-0927-records.jsonl"))
+    copy = [r for r in results if not r.name.startswith("self")]
+    held_out = statistics.correlation(
+        [logit(r.measured_draft_fraction) - logit(r.predicted_draft_fraction) for r in copy],
+        [math.log(r.measured_al / r.predicted_al) for r in copy])
+    assert len(ours) == 18 and len(copy) == 7
+    assert (round(between, 2), round(held_out, 2)) == (0.87, 0.80)
+    assert acceptance.DRAFT_FRACTION_ACCEPTANCE_CORR == round(min(between, held_out), 2)
+    rng = np.random.default_rng(0)
+    own, intercept = rng.standard_normal(20_000), rng.standard_normal(20_000)
+    draws = acceptance.sample_draft_fraction(0.2, own, intercept)
+    assert draws[0] == 0.2
+    logits = np.log(draws / (1 - draws))
+    assert np.corrcoef(logits, intercept)[0, 1] == pytest.approx(0.8, abs=0.02)
+    assert np.std(logits) == pytest.approx(acceptance.DRAFT_FRACTION_LOGIT_STD, rel=0.03)
