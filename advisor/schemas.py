@@ -525,6 +525,7 @@ class StepTimeFitSchema(StrictSchema):
     eager_layer_overhead_s = _number(0.0, 1.0)
     eager_probability = _number(0.0, 1.0)
     ragged_step_s = _number(0.0, 10.0)
+    copy_sync_step_s = _number(0.0, 1.0)
     timing_rms_rel = _number(0.0, 2.0)
 
 

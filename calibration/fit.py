@@ -356,7 +356,8 @@ def fit_step_time(records: Iterable[Any], gpu: GpuSpec, model: ModelSpec, weight
     if len(points) < 3:
         raise ValueError(f"need at least 3 step-time points to fit, got {len(points)}")
     t = np.array([p.seconds for p in points])
-    base = base or default_step_time_params(gpu)
+    # (a measured engine's copy cycles carry vLLM's in-line host step in their fitted overheads: no prior term)
+    base = base or dataclasses.replace(default_step_time_params(gpu), copy_sync_step_s=0.0)
     free = list(free) if free is not None else step_free_parameters(points)
     start = _step_start(gpu, base, points, weights_dtype)
 

@@ -236,8 +236,8 @@ class _StepClock:
 
     def _drafter_s(self, batch: int, ctx: float) -> float:
         """k drafter forwards per cycle (speculation.drafter_time_s), or host-side copy lookups (n-gram, suffix)."""
-        if self.draft is None:
-            return batch * self.copy_s_per_seq
+        if self.draft is None:  # (+ vLLM's in-line host step of copy speculation, uncalibrated: drafter_time_s)
+            return batch * self.copy_s_per_seq + self.s.copy_sync_step_s
         d, ds = self.draft, self.draft_step
         mem = (self._weights(d, batch) + batch * ctx * d.kv_bytes_per_ctx_token) / (d.bandwidth_bytes_per_s
                                                                                      * ds.bandwidth_efficiency)

@@ -72,10 +72,18 @@ class EngineProfile:
     # estimate does not; SGLang captures graphs, the HF profile is eager throughout).
     draft_model_eager_layer_s: float = 1.5e-4
     draft_model_eager_probability: float = 0.0
+    # vLLM schedules a plain engine asynchronously (the next step's host work overlaps the GPU's), but runs n-gram and
+    # suffix speculation without async scheduling (vllm/config/vllm.py, 0.24 and 0.32: only EAGLE/MTP, draft-model
+    # and GPU n-gram proposers keep it), so each such step pays that host work in line. On the H200 an n-gram cycle
+    # at B = 1 cost 1.9-2.5 ms more than a plain decode step (docs/gpu-closed-loop.md, runs 10-18). Sampled with the
+    # verify overhead's spread.
+    copy_sync_step_s: float = 0.0
 
     def proposer_log_std(self, method: str) -> float:
         return dict(self.proposer_overhead_log_std).get(method, 0.0)
 
+
+COPY_SYNC_STEP_S = 1.5e-3
 
 ENGINE_PROFILES: dict[str, EngineProfile] = {
     # vLLM V1 with CUDA graphs: ~0.5 ms CPU step overhead hidden partly by async scheduling (vLLM V1 blog 2025-01);
@@ -84,7 +92,7 @@ ENGINE_PROFILES: dict[str, EngineProfile] = {
     # EAGLE draft step on H100 implied by vLLM PR #16937's k-sweep, which is therefore an in-sample row).
     "vllm": EngineProfile("vllm", 6e-4, 5e-6, 2.5e-4, 5e-4, 2e-5,
                           "vLLM V1 blog 2025-01 (CPU overhead), rejection sampler ~0.2 ms (vLLM #16937)",
-                          draft_model_eager_probability=0.5),
+                          draft_model_eager_probability=0.5, copy_sync_step_s=COPY_SYNC_STEP_S),
     # SGLang: similar scheduler cost; EAGLE tree build / KV-slot bookkeeping per request per cycle ≈ 0.2 ms (set
     # from the one published SGLang batch sweep, EAGLE-3 paper Table 3: an in-sample row).
     # SGLang's EAGLE worker drafts a tree (topk > 1) and verifies --speculative-num-draft-tokens (8) per request.
@@ -119,7 +127,7 @@ def default_step_time_params(gpu: GpuSpec, engine: str = "vllm") -> StepTimePara
         per_layer_overhead_s=prof.per_layer_overhead_s, roofline_sharpness=ROOFLINE_SHARPNESS,
         verify_overhead_s=prof.verify_overhead_s, proposer_overhead_s=prof.proposer_overhead_s,
         per_sequence_overhead_s=prof.per_sequence_overhead_s, verify_overhead_log_std=prof.verify_overhead_log_std,
-        per_sequence_overhead_log_std=prof.per_sequence_overhead_log_std)
+        per_sequence_overhead_log_std=prof.per_sequence_overhead_log_std, copy_sync_step_s=prof.copy_sync_step_s)
 
 
 @lru_cache(maxsize=256)
@@ -313,7 +321,7 @@ def with_engine(params: StepTimeParams, engine: str) -> StepTimeParams:
                    verify_overhead_s=prof.verify_overhead_s, proposer_overhead_s=prof.proposer_overhead_s,
                    per_sequence_overhead_s=prof.per_sequence_overhead_s,
                    verify_overhead_log_std=prof.verify_overhead_log_std,
-                   per_sequence_overhead_log_std=prof.per_sequence_overhead_log_std)
+                   per_sequence_overhead_log_std=prof.per_sequence_overhead_log_std, copy_sync_step_s=0.0)
 
 
 def with_proposer_prior(params: StepTimeParams, engine: str, method: str) -> StepTimeParams:

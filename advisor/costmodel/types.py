@@ -198,6 +198,10 @@ class StepTimeParams:
     # graphs, host-bound, and takes at least this long (H200 × vLLM 0.24: 7.7-12.2 ms at B = 2-8, against a 3-7 ms
     # uniform verify). 0: not measured (eager engines, older calibrations), priced as a uniform step.
     ragged_step_s: float = 0.0
+    # Uncalibrated vLLM only: per speculative step of a copy drafter (n-gram, suffix), the host work that async
+    # scheduling hides from a plain decode step but vLLM runs in line with speculation of that kind (EngineProfile).
+    # A calibration or a measured profile times it in its cycles (their fitted verify overhead): 0 there.
+    copy_sync_step_s: float = 0.0
     # Relative rms of the calibration's step-time fit residuals (measured vs fitted steps and cycles): how far a
     # step time of this engine lands from the fit, run to run; the interval samples the baseline step and the
     # speculative cycle each with this log-normal spread. 0 when uncalibrated (the priors carry the doubt).

@@ -485,7 +485,7 @@ def test_the_ragged_floor_is_fitted_to_a_copy_drafters_cycles_on_text(cpu, smoll
     drafted) as the cost model prices them: max(uniform, floor) on the share 1 − f^B of steps. Given both, the fit
     takes the text cycles (the engine that serves such steps) over the verify engine's mixed-width steps, whose free
     proposer costs the host more (H200, SmolLM2: ~30 % above the n-gram engine's own)."""
-    true = dataclasses.replace(default_step_time_params(cpu), **TRUE_STEP)
+    true = dataclasses.replace(default_step_time_params(cpu), copy_sync_step_s=0.0, **TRUE_STEP)  # as fits set it
     floor, mixed_floor, fraction, k = 0.05, 0.065, 0.3, 3
     recs = _step_records(cpu, smollm, true, contexts=(64,), batches=(1, 2, 4, 8))
     spec = {"method": "ngram", "num_speculative_tokens": k}

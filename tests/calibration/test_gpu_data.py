@@ -922,6 +922,51 @@ def test_run18_a_seventh_lease_within_180_s_and_the_profile_out_of_sample(tmp_pa
         assert ngram_median(ct.off_graph_left_out(records)) == pytest.approx(left_out, abs=1e-3)
 
 
+def test_an_uncalibrated_ngram_answer_pays_vllms_in_line_host_step(monkeypatch, specs):
+    """vLLM runs n-gram (and suffix) speculation without async scheduling, so each speculative step pays in line the
+    host work a plain engine hides (``EngineProfile.copy_sync_step_s``, 1.5 ms). Priced without it, the catalog's
+    defaults put n-gram on the fifteen bf16 H200 leases a median 22 % high, with 79 of 180 intervals covering and
+    11 "go" answers where the measured gain was under 1.05x; with it 7 %, 170 of 180, none. A fit (calibration or
+    profile) times that work in its own cycles, so its parameters carry no such term."""
+    import sys
+
+    from advisor.costmodel import steptime
+
+    predict_module = sys.modules["advisor.costmodel.predict"]
+
+    def tally() -> tuple[float, int, int]:
+        errors, covered, wrong_go = [], 0, 0
+        for name in gcl.BF16_LEASES:
+            lease = RUN.parent / name
+            points, _ = gcl.predict_measurements(lease, gcl.calibration_records(lease), uncalibrated=True)
+            for p in points:
+                if p.method == "ngram":
+                    errors.append(abs(p.error))
+                    covered += p.low <= p.measured <= p.high
+                    wrong_go += p.extra["decision"] == "go" and p.measured < 1.05
+        return sorted(errors)[len(errors) // 2], covered, wrong_go
+
+    median, covered, wrong_go = tally()
+    assert round(median, 3) == 0.072 and (covered, wrong_go) == (170, 0)
+    monkeypatch.setitem(steptime.ENGINE_PROFILES, "vllm",
+                        dataclasses.replace(steptime.ENGINE_PROFILES["vllm"], copy_sync_step_s=0.0))
+    steptime.default_step_time_params.cache_clear()
+    predict_module._cached_mc_step_samples.cache_clear()
+    try:
+        median, covered, wrong_go = tally()
+        assert round(median, 3) == 0.223 and (covered, wrong_go) == (79, 11)
+    finally:
+        monkeypatch.undo()
+        steptime.default_step_time_params.cache_clear()
+        predict_module._cached_mc_step_samples.cache_clear()
+    gpu, target, draft = specs
+    assert steptime.default_step_time_params(gpu).copy_sync_step_s == steptime.COPY_SYNC_STEP_S == 1.5e-3
+    assert steptime.default_step_time_params(gpu, "sglang").copy_sync_step_s == 0.0
+    cal, _ = gcl.build_gpu_calibration(gcl.calibration_records(RUN18), gpu, target, draft)
+    assert {p.copy_sync_step_s for p in cal.step_time.values()} == {0.0}
+    assert gcl.shipped_profile().step_time.copy_sync_step_s == 0.0
+
+
 RUN_FP8 = RUN.parent / "h200-vllm0.24-fp8"
 
 

@@ -171,6 +171,7 @@ def test_steps_that_not_every_sequence_drafts_in_cost_at_least_the_ragged_floor(
     """A calibrated ``ragged_step_s`` (CUDA-graph engines) as ``speculation.evaluate_grid`` charges it: one request
     at a time that drafts half its steps pays the floor in half of them; drafting every step, never."""
     model, _, _ = h100_8b
+    model = dataclasses.replace(model, step=dataclasses.replace(model.step, copy_sync_step_s=0.0))  # calibrated
     traffic = Traffic(prompt_tokens=128, output_tokens=65, arrival_s=[0.0, 100.0])
     floor = 0.05
     ragged = dataclasses.replace(model, step=dataclasses.replace(model.step, ragged_step_s=floor))
