@@ -107,7 +107,7 @@ def catalog_specs(drafter: str = DRAFT, gpu_name: str = GPU):
 def catalog_gpu(detected: str | None) -> str:
     """The packaged catalog's name of a detected GPU (``NVIDIA H100 80GB HBM3`` -> ``H100-SXM``), matched as the
     product checks a run's ``--hardware`` (``calibration.runner.hardware_mismatch``); H200-SXM for runs that kept
-    no GPU name (every run before the H100 lease was on the H200)."""
+    no GPU name (every stored run is the H200's)."""
     from calibration.runner import hardware_mismatch
 
     if not detected:
