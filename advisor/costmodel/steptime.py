@@ -67,10 +67,12 @@ class EngineProfile:
         ("draft_model", 0.7), ("eagle", 0.7), ("eagle3", 0.7), ("mtp", 0.7), ("medusa", 0.7))
     # A separate draft model may run without CUDA graphs: vLLM 0.24 runs it eagerly and without async scheduling
     # (issue 8, measured on an H200: 8B + 1B-draft at high acceptance slower than no speculation); other versions
-    # capture graphs for it. Eagerly each drafter layer pays its ~10 kernel launches at 10-15 µs. Until a
-    # calibration or an engine profile says which, half of vLLM's interval draws run the drafter eagerly (the point
-    # estimate does not; SGLang captures graphs, the HF profile is eager throughout).
-    draft_model_eager_layer_s: float = 1.5e-4
+    # capture graphs for it. Eagerly each drafter layer pays its kernel launches and the host's Python around them:
+    # on the H200 vLLM 0.24 ran a 1B (16-layer) draft forward 5.1 ms above its roofline, 0.32 ms a layer
+    # (docs/gpu-closed-loop.md; the launches alone, ~10 at 10-15 µs, would be 0.15 ms). Until a calibration or an
+    # engine profile says which, half of vLLM's interval draws run the drafter eagerly (the point estimate does not;
+    # SGLang captures graphs, the HF profile is eager throughout).
+    draft_model_eager_layer_s: float = 3.2e-4
     draft_model_eager_probability: float = 0.0
     # vLLM schedules a plain engine asynchronously (the next step's host work overlaps the GPU's), but runs n-gram and
     # suffix speculation without async scheduling (vllm/config/vllm.py, 0.24 and 0.32: only EAGLE/MTP, draft-model

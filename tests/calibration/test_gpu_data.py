@@ -922,43 +922,53 @@ def test_run18_a_seventh_lease_within_180_s_and_the_profile_out_of_sample(tmp_pa
         assert ngram_median(ct.off_graph_left_out(records)) == pytest.approx(left_out, abs=1e-3)
 
 
-def test_an_uncalibrated_ngram_answer_pays_vllms_in_line_host_step(monkeypatch, specs):
-    """vLLM runs n-gram (and suffix) speculation without async scheduling, so each speculative step pays in line the
-    host work a plain engine hides (``EngineProfile.copy_sync_step_s``, 1.5 ms). Priced without it, the catalog's
-    defaults put n-gram on the fifteen bf16 H200 leases a median 22 % high, with 79 of 180 intervals covering and
-    11 "go" answers where the measured gain was under 1.05x; with it 7 %, 170 of 180, none. A fit (calibration or
-    profile) times that work in its own cycles, so its parameters carry no such term."""
+def test_an_uncalibrated_answer_prices_vllms_host_work_as_measured(monkeypatch, specs):
+    """The catalog's defaults (no calibration, no profile) against the fifteen bf16 H200 leases.
+
+    - vLLM runs n-gram (and suffix) speculation without async scheduling, so each speculative step pays in line the
+      host work a plain engine hides (``EngineProfile.copy_sync_step_s``, 1.5 ms). Without it the defaults put
+      n-gram a median 22 % high, 79 of 180 intervals covering, and 11 "go" answers where the measured gain was
+      under 1.05x; with it 7 %, 170 of 180, none.
+    - A draft model's eager draws (vLLM 0.24 runs it without CUDA graphs) cost each layer what the H200 measured,
+      0.32 ms, not the 0.15 ms of its kernel launches alone: the draft model's intervals cover 151 of 360 points
+      instead of 48. Every draft-model answer is "no-go" or "calibrate" either way (every measurement below 1x).
+
+    A fit (calibration or profile) times that work in its own cycles, so its parameters carry no in-line term."""
     import sys
 
     from advisor.costmodel import steptime
 
     predict_module = sys.modules["advisor.costmodel.predict"]
 
-    def tally() -> tuple[float, int, int]:
-        errors, covered, wrong_go = [], 0, 0
+    def tally(**profile) -> tuple[float, int, int, int, set]:
+        monkeypatch.setitem(steptime.ENGINE_PROFILES, "vllm",
+                            dataclasses.replace(steptime.ENGINE_PROFILES["vllm"], **profile))
+        for cached in (steptime.default_step_time_params, steptime.default_drafter_step,
+                       predict_module._cached_mc_step_samples):
+            cached.cache_clear()
+        errors, covered, wrong_go, draft_covered, draft_decisions = [], 0, 0, 0, set()
         for name in gcl.BF16_LEASES:
             lease = RUN.parent / name
             points, _ = gcl.predict_measurements(lease, gcl.calibration_records(lease), uncalibrated=True)
             for p in points:
+                inside = p.low <= p.measured <= p.high
                 if p.method == "ngram":
                     errors.append(abs(p.error))
-                    covered += p.low <= p.measured <= p.high
+                    covered += inside
                     wrong_go += p.extra["decision"] == "go" and p.measured < 1.05
-        return sorted(errors)[len(errors) // 2], covered, wrong_go
-
-    median, covered, wrong_go = tally()
-    assert round(median, 3) == 0.072 and (covered, wrong_go) == (170, 0)
-    monkeypatch.setitem(steptime.ENGINE_PROFILES, "vllm",
-                        dataclasses.replace(steptime.ENGINE_PROFILES["vllm"], copy_sync_step_s=0.0))
-    steptime.default_step_time_params.cache_clear()
-    predict_module._cached_mc_step_samples.cache_clear()
-    try:
-        median, covered, wrong_go = tally()
-        assert round(median, 3) == 0.223 and (covered, wrong_go) == (79, 11)
-    finally:
+                else:
+                    draft_covered += inside
+                    draft_decisions.add(p.extra["decision"])
+                    assert p.measured < 1
         monkeypatch.undo()
-        steptime.default_step_time_params.cache_clear()
-        predict_module._cached_mc_step_samples.cache_clear()
+        for cached in (steptime.default_step_time_params, steptime.default_drafter_step,
+                       predict_module._cached_mc_step_samples):
+            cached.cache_clear()
+        return round(sorted(errors)[len(errors) // 2], 3), covered, wrong_go, draft_covered, draft_decisions
+
+    assert tally() == (0.072, 170, 0, 151, {"no-go", "calibrate"})
+    assert tally(copy_sync_step_s=0.0, draft_model_eager_layer_s=1.5e-4) == (0.223, 79, 11, 48,
+                                                                             {"no-go", "calibrate"})
     gpu, target, draft = specs
     assert steptime.default_step_time_params(gpu).copy_sync_step_s == steptime.COPY_SYNC_STEP_S == 1.5e-3
     assert steptime.default_step_time_params(gpu, "sglang").copy_sync_step_s == 0.0
