@@ -96,11 +96,16 @@ def catalog_row(name: str) -> dict:
     return dict(next(r for r in _catalog_rows() if r["name"] == name))
 
 
+@functools.lru_cache(maxsize=1)
+def _gpu_rows() -> tuple[dict, ...]:
+    return tuple(json.loads((DATA_DIR / "gpus.json").read_text())["items"])
+
+
 def catalog_specs(drafter: str = DRAFT, gpu_name: str = GPU):
     """(the catalog GPU ``gpu_name``, target, drafter) as the cost model's specs, from the packaged catalog."""
     from advisor.costmodel import GpuSpec, ModelSpec
 
-    gpu = next(g for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"] if g["name"] == gpu_name)
+    gpu = next(g for g in _gpu_rows() if g["name"] == gpu_name)
     return GpuSpec.from_dict(gpu), ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(drafter))
 
 
@@ -112,7 +117,7 @@ def catalog_gpu(detected: str | None) -> str:
 
     if not detected:
         return GPU
-    for g in json.loads((DATA_DIR / "gpus.json").read_text())["items"]:
+    for g in _gpu_rows():
         if g["gpu_class"] != "cpu" and hardware_mismatch(g["name"], {"gpu_name": detected}) is None:
             return g["name"]
     raise ValueError(f"no catalog GPU matches {detected!r}")

@@ -183,11 +183,11 @@ def drafter_time_s(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, ctx: fl
     if setup.method == "medusa":
         heads = medusa_heads_time_s(setup.target, batch, samples.eta_bw)
         return ds.proposer_overhead_s * samples.proposer_scale + heads + 0.0 * ks
-    per_seq = COPY_PROPOSER_S_PER_SEQ.get(setup.method, 0.0)
+    lookups = batch * COPY_PROPOSER_S_PER_SEQ.get(setup.method, 0.0)
     sync = setup.target_step.copy_sync_step_s  # (0 unless the timing is vLLM's uncalibrated default: no term then)
     if sync:
-        return batch * per_seq + sync * samples.verify_scale + 0.0 * ks * draft_fraction
-    return batch * per_seq + 0.0 * ks * draft_fraction
+        lookups = lookups + sync * samples.verify_scale
+    return lookups + 0.0 * ks * draft_fraction
 
 
 def _scaled(x, scale):

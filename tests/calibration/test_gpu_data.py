@@ -938,13 +938,13 @@ def test_an_uncalibrated_answer_prices_vllms_host_work_as_measured(monkeypatch, 
 
     from advisor.costmodel import steptime
 
-    predict_module = sys.modules["advisor.costmodel.predict"]
+    caches = (steptime.default_step_time_params, steptime.default_drafter_step,
+              sys.modules["advisor.costmodel.predict"]._cached_mc_step_samples)  # all keyed by the profile's values
 
     def tally(**profile) -> tuple[float, int, int, int, set]:
         monkeypatch.setitem(steptime.ENGINE_PROFILES, "vllm",
                             dataclasses.replace(steptime.ENGINE_PROFILES["vllm"], **profile))
-        for cached in (steptime.default_step_time_params, steptime.default_drafter_step,
-                       predict_module._cached_mc_step_samples):
+        for cached in caches:
             cached.cache_clear()
         errors, covered, wrong_go, draft_covered, draft_decisions = [], 0, 0, 0, set()
         for name in gcl.BF16_LEASES:
@@ -961,8 +961,7 @@ def test_an_uncalibrated_answer_prices_vllms_host_work_as_measured(monkeypatch, 
                     draft_decisions.add(p.extra["decision"])
                     assert p.measured < 1
         monkeypatch.undo()
-        for cached in (steptime.default_step_time_params, steptime.default_drafter_step,
-                       predict_module._cached_mc_step_samples):
+        for cached in caches:
             cached.cache_clear()
         return round(sorted(errors)[len(errors) // 2], 3), covered, wrong_go, draft_covered, draft_decisions
 
