@@ -646,9 +646,16 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
 
 PROFILES_FILE = DATA_DIR / "engine_profiles.json"
 PROFILE_BEHAVIOUR = ("a separate draft model runs without CUDA graphs",
-                     "async scheduling is off with draft-model and n-gram speculation",
-                     "steps that run on the host (a draft model's, n-gram's) follow the host cores' speed, which "
-                     "other tenants moved 1.7-1.8x on the node measured: read the interval")
+                     "async scheduling is off with draft-model and n-gram speculation")
+
+
+def profile_behaviour(records: list[dict]) -> list[str]:
+    """What vLLM 0.24 does differently, in words, and how far the host's cores moved in speed in the profile's runs
+    (their ``host_speed`` records' p95 / p5, else as the H200 node's later leases read it), which the host-bound
+    steps follow."""
+    swings = sorted(r["values"]["swing"] for r in records if r["probe"] == "host_speed") or [1.7, 1.8]
+    return [*PROFILE_BEHAVIOUR, "steps that run on the host (a draft model's, n-gram's) follow the host cores' speed, "
+            f"which other tenants moved {swings[0]:.1f}-{swings[-1]:.1f}x on the node measured: read the interval"]
 
 
 PROFILE_LONG_CONTEXT = Path("benchmarks/data/h200-vllm0.24-kv/kv-auto.jsonl")  # run 12: decode at 8k, bf16 KV
@@ -715,7 +722,7 @@ def write_profile(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, 
         profile = {
             "name": name, "gpu": gpu.name, "vllm_version": vllm_version,
             "step_time": cal.step_time[target.name].to_dict(), "prefill": cal.prefill[target.name].to_dict(),
-            "max_batch_measured": cal.max_batch_calibrated, "behaviour": list(PROFILE_BEHAVIOUR), "source": source,
+            "max_batch_measured": cal.max_batch_calibrated, "behaviour": profile_behaviour(records), "source": source,
         }
     else:
         profile = dict(old)
