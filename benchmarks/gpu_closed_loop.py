@@ -654,8 +654,9 @@ def profile_behaviour(records: list[dict]) -> list[str]:
     (their ``host_speed`` records' p95 / p5, else as the H200 node's later leases read it), which the host-bound
     steps follow."""
     swings = sorted(r["values"]["swing"] for r in records if r["probe"] == "host_speed") or [1.7, 1.8]
+    spread = f"{swings[0]:.1f}" if f"{swings[0]:.1f}" == f"{swings[-1]:.1f}" else f"{swings[0]:.1f}-{swings[-1]:.1f}"
     return [*PROFILE_BEHAVIOUR, "steps that run on the host (a draft model's, n-gram's) follow the host cores' speed, "
-            f"which other tenants moved {swings[0]:.1f}-{swings[-1]:.1f}x on the node measured: read the interval"]
+            f"which other tenants moved {spread}x on the node measured: read the interval"]
 
 
 PROFILE_LONG_CONTEXT = Path("benchmarks/data/h200-vllm0.24-kv/kv-auto.jsonl")  # run 12: decode at 8k, bf16 KV

@@ -922,6 +922,62 @@ def test_run18_a_seventh_lease_within_180_s_and_the_profile_out_of_sample(tmp_pa
         assert ngram_median(ct.off_graph_left_out(records)) == pytest.approx(left_out, abs=1e-3)
 
 
+H100 = RUN.parent / "h100-vllm0.24"
+
+
+def test_an_h100_lease_calibrates_the_plan_and_ships_its_profile(tmp_path, capsys):
+    """The first H100 lease (80 GB, 2026-12-05): the plan's four engines do not fit in 90 % of its memory, so they
+    start two and two (``calibration.probes.start_groups``) and the fresh node calibrated in 253.1 s (engine starts
+    172.0 s). The second calibration was cut at its 275 s bound before n-gram's cycles. The H100's decode step at
+    B = 1 is 6.34 ms against the H200's 4.77 ms (its HBM is 1.43x slower), its 8k prefill the same 217 ms (the
+    same bf16 FLOP/s). The closed loop, against one measurement: its own calibration 12.2 % (n-gram 4.7 %), the
+    second 12.0 %, both pooled 10.8 % with 35 / 36 signs and intervals; the profile shipped from them (in sample)
+    10.8 %; what an H100 user got before it, the catalog's defaults, 107 % and 24 / 36 signs, yet no wrong verdict.
+    The H200's profile, its efficiencies and overheads applied to the H100's catalog row, predicts this lease within
+    12.8 %: the profile's terms carry across Hopper GPUs."""
+    walls = json.loads((H100 / "calibration-run.json").read_text())
+    assert walls["wall_s"] == 253.1 and walls["split_s"] == {"engine start": 172.0, "probes": 81.0}
+    assert walls["environment"]["gpu_name"] == "NVIDIA H100 80GB HBM3" and gcl.run_gpu(H100) == "H100-SXM"
+    starts = (H100 / "calibrate-progress.txt").read_text().count("started in")
+    assert starts == 4 and "B=256 T=0 cycle" in (H100 / "calibrate-progress.txt").read_text()
+    second_run = RUN.parent / "h100-vllm0.24-second"
+    assert not [r for r in gcl.calibration_records(second_run) if r["probe"] == "step_time"
+                and "ngram" in r["params"]["engine"]["label"]]  # started, no cycle timed
+    summaries = {name: got["summary"] for name, _, got in rederived_closed_loops(H100, tmp_path)}
+    for name, median, signs in (("closed-loop-result", 0.122, 35), ("closed-loop-result-profile", 0.108, 35),
+                                ("closed-loop-result-second-calibration", 0.120, 35)):
+        assert summaries[name]["median_abs_error"] == pytest.approx(median, abs=1e-3), name
+        assert summaries[name]["sign_right"] == signs, name
+    for name, kwargs, median, signs in (("with-second", {"pooled_with": (second_run,)}, 0.108, 35),
+                                        ("uncalibrated", {"uncalibrated": True}, 1.074, 24)):
+        out = tmp_path / f"{name}.json"
+        gcl.analyze(H100, out, **kwargs)
+        got = json.loads(out.read_text())
+        assert _same(got["summary"], json.loads((H100 / f"closed-loop-result-{name}.json").read_text())["summary"])
+        assert got["summary"]["median_abs_error"] == pytest.approx(median, abs=1e-3)
+        assert got["summary"]["sign_right"] == signs
+    capsys.readouterr()
+    h200 = dataclasses.replace(gcl.shipped_profile(gpu="H200-SXM"), gpu="H100-SXM")
+    points, _ = gcl.predict_measurements(H100, gcl.calibration_records(H100), h200)
+    summary = gcl.summarise(points)
+    assert summary["median_abs_error"] == pytest.approx(0.128, abs=1e-3) and summary["sign_right"] == 35
+    profile = gcl.shipped_profile(gpu="H100-SXM")
+    assert profile.name == "H100-SXM × vLLM 0.24" and "1.8x" in profile.behaviour[-1]
+    gpu, target, draft = gcl.catalog_specs(gcl.DRAFT, "H100-SXM")
+    cal, _ = gcl.build_gpu_calibration(gcl.pooled_records([H100, second_run]), gpu, target, draft)
+    assert _same(dataclasses.asdict(profile.step_time), dataclasses.asdict(cal.step_time[gcl.TARGET]))
+    assert _same(dataclasses.asdict(profile.drafter_step(gcl.DRAFT)), dataclasses.asdict(cal.step_time[gcl.DRAFT]))
+    # a scenario on the H100 naming vLLM 0.24 is priced by it; the H200's profile stays the H200's
+    from advisor.costmodel import matching_profile
+    from advisor.services.catalog import engine_profiles
+
+    assert matching_profile(engine_profiles(), gpu, "0.24.1").name == "H100-SXM × vLLM 0.24"
+    answer = predict(dataclasses.replace(_scenario("draft_model", 1), gpu="H100-SXM"), gpu, target, draft,
+                     profile=matching_profile(engine_profiles(), gpu, "0.24"), samples=400).to_dict()
+    assert answer["provenance"]["tpot_ms.speculative"] == "profile:H100-SXM × vLLM 0.24"
+    assert answer["decision"] == "no-go" and answer["speedup"]["high"] < 0.9  # measured 0.57x at B = 1, 0.8
+
+
 def test_an_uncalibrated_answer_prices_vllms_host_work_as_measured(monkeypatch, specs):
     """The catalog's defaults (no calibration, no profile) against the fifteen bf16 H200 leases.
 
@@ -1058,12 +1114,12 @@ def test_kv_cache_dtype_capacity_and_long_context_steps():
 
 
 def test_no_stored_gpu_closed_loop_has_a_wrong_verdict():
-    """Every closed loop stored from the H200 (each run on its own calibration, another lease's, the shipped profile,
+    """Every closed loop stored from the H200 and the H100 (each run on its own calibration, another lease's, the shipped profile,
     single and pooled measurements): where the predicted speedup's sign misses (at break-even), the answer said
     "calibrate"; no "go" was measured slower than no speculation and no "no-go" faster."""
-    points = [p for f in sorted(RUN.parent.glob("h200-vllm0.24*/closed-loop-result*.json"))
+    points = [p for f in sorted(RUN.parent.glob("h[12]00-vllm0.24*/closed-loop-result*.json"))
               for p in json.loads(f.read_text())["points"]]
-    assert len(points) >= 2892
+    assert len(points) >= 3072
     misses = [p for p in points if (p["predicted"] > 1) != (p["measured"] > 1)]
     assert 0 < len(misses) < 0.05 * len(points) and {p["extra"]["decision"] for p in misses} == {"calibrate"}
     assert not [p for p in points if p["extra"]["decision"] == "go" and p["measured"] < 1]

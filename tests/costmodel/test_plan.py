@@ -114,7 +114,7 @@ def test_an_offers_untimed_drafter_gets_the_prior_predict_gives_it(gpus, models)
     from advisor.services.catalog import engine_profiles
 
     gpu, target = gpus["H200-SXM"], models["llama-3.1-8b-instruct"]
-    (profile,) = engine_profiles()
+    profile = next(p for p in engine_profiles() if p.gpu == gpu.name)
     untimed, timed = models["llama-3.2-3b-instruct"], models["eagle3-llama-3.1-8b"]
     base = GpuOffer(gpu, 3.0, "input", profile.step_time, profile.prefill, f"profile:{profile.name}", profile)
     assert base.speculative_steps(untimed, "draft_model") == (profile.step_time,
