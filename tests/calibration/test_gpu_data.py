@@ -119,8 +119,7 @@ def _scenario(method: str, concurrency: int, vllm_version: str | None = "0.24") 
 
 def test_profile_gives_measured_answers(specs):
     gpu, target, draft = specs
-    items = json.loads(gcl.PROFILES_FILE.read_text())["items"]
-    profile = MeasuredEngineProfile.from_dict(items[0])
+    profile = gcl.shipped_profile()
     dm = predict(_scenario("draft_model", 1), gpu, target, draft, profile=profile, samples=400).to_dict()
     # measured 0.30-0.75× at B = 1 (k = 3, 0.8 per position; 128 + 128 tokens) over eleven measurements on nine
     # leases; the pooled profile says so, with an interval as wide as the draft model's host-bound cycles vary
@@ -192,7 +191,7 @@ def test_profile_prices_only_the_drafters_it_timed(specs):
     from advisor.costmodel import ModelSpec
 
     gpu, target, draft = specs
-    profile = MeasuredEngineProfile.from_dict(json.loads(gcl.PROFILES_FILE.read_text())["items"][0])
+    profile = gcl.shipped_profile()
     assert [name for name, _ in profile.drafters] == [gcl.DRAFT, EAGLE, EAGLE3]
     assert profile.drafter_step(gcl.DRAFT) == profile.step_time
 
@@ -249,7 +248,7 @@ def test_eagle_run_fits_its_own_engine_path_and_meets_the_targets(tmp_path, caps
     assert s["points"] == 24 and s["median_abs_error"] <= 0.10 and s["sign_right"] == 24 and s["interval_coverage"] == 1
     records = gcl.calibration_records(RUN_EAGLE)
     cal, _ = gcl.build_gpu_calibration(records, *gcl.catalog_specs(EAGLE))
-    profile = MeasuredEngineProfile.from_dict(json.loads(gcl.PROFILES_FILE.read_text())["items"][0])
+    profile = gcl.shipped_profile()
     assert _same(dataclasses.asdict(profile.drafter_step(EAGLE)), dataclasses.asdict(cal.step_time[EAGLE]))
     # the engine path: no V1 verify overhead on the EAGLE engine (its cycle at B = 1 costs 6.2 ms, a plain step 4.7)
     assert cal.step_time[EAGLE].verify_overhead_s < 0.5 * profile.step_time.verify_overhead_s
@@ -404,7 +403,7 @@ def test_eagle3_head_fits_its_own_engine_path_and_ships_in_the_profile(tmp_path,
     decode = got["decode"]
     assert 0.07 < decode["median_abs_error_batch"] < decode["median_abs_error_per_request"] < 0.12
     cal, _ = gcl.build_gpu_calibration(records, *gcl.catalog_specs(EAGLE3))
-    profile = MeasuredEngineProfile.from_dict(json.loads(gcl.PROFILES_FILE.read_text())["items"][0])
+    profile = gcl.shipped_profile()
     assert _same(dataclasses.asdict(profile.drafter_step(EAGLE3)), dataclasses.asdict(cal.step_time[EAGLE3]))
 
 
