@@ -971,10 +971,12 @@ def test_an_h100_lease_calibrates_the_plan_and_ships_its_profile(tmp_path, capsy
     from advisor.services.catalog import engine_profiles
 
     assert matching_profile(engine_profiles(), gpu, "0.24.1").name == "H100-SXM × vLLM 0.24"
+    h200_gpu = gcl.catalog_specs(gcl.DRAFT, "H200-SXM")[0]
+    assert matching_profile(engine_profiles(), h200_gpu, "0.24").name == "H200-SXM × vLLM 0.24"
     answer = predict(dataclasses.replace(_scenario("draft_model", 1), gpu="H100-SXM"), gpu, target, draft,
                      profile=matching_profile(engine_profiles(), gpu, "0.24"), samples=400).to_dict()
     assert answer["provenance"]["tpot_ms.speculative"] == "profile:H100-SXM × vLLM 0.24"
-    assert answer["decision"] == "no-go" and answer["speedup"]["high"] < 0.9  # measured 0.57x at B = 1, 0.8
+    assert answer["decision"] == "no-go" and answer["speedup"]["high"] < 0.9  # the loop measured 0.57x at B = 1, 0.8
 
 
 def test_an_uncalibrated_answer_prices_vllms_host_work_as_measured(monkeypatch, specs):
@@ -1113,9 +1115,9 @@ def test_kv_cache_dtype_capacity_and_long_context_steps():
 
 
 def test_no_stored_gpu_closed_loop_has_a_wrong_verdict():
-    """Every closed loop stored from the H200 and the H100 (each run on its own calibration, another lease's, the shipped profile,
-    single and pooled measurements): where the predicted speedup's sign misses (at break-even), the answer said
-    "calibrate"; no "go" was measured slower than no speculation and no "no-go" faster."""
+    """Every closed loop stored from the H200 and the H100 (each run on its own calibration, another lease's, the
+    shipped profile, single and pooled measurements): where the predicted speedup's sign misses (at break-even),
+    the answer said "calibrate"; no "go" was measured slower than no speculation and no "no-go" faster."""
     points = [p for f in sorted(RUN.parent.glob("h[12]00-vllm0.24*/closed-loop-result*.json"))
               for p in json.loads(f.read_text())["points"]]
     assert len(points) >= 3072
