@@ -142,13 +142,47 @@ def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration
     return default_step_time_params(gpu, engine), default_prefill_params(gpu, engine), "default"
 
 
-def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec,
-                     vllm_version: str | None) -> MeasuredEngineProfile | None:
-    """The measured profile of this GPU × vLLM version (major.minor of ``vllm_version``), or None."""
+# A profile carried to another GPU: its timing spread at least this (log σ of the baseline step and of the cycle).
+# docs/gpu-closed-loop.md "Run 19": the H100's profile on the fifteen H200 leases, and the H200's on the H100 lease,
+# covered 477/540 and 35/36 at their own spread, 525/540 and 36/36 at 0.2 (each GPU's own profile: 522/540, 35/36).
+PROFILE_TRANSFER_TIMING_REL = 0.2
+
+
+def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec, vllm_version: str | None,
+                     measured_gpus: dict[str, GpuSpec] | None = None) -> MeasuredEngineProfile | None:
+    """The measured profile of this GPU × vLLM version (major.minor of ``vllm_version``). Else, where
+    ``measured_gpus`` gives the specs of the GPUs profiles were measured on: that version's profile from the GPU of
+    the same vendor nearest in HBM bandwidth, carried to this one (:func:`transferred_profile`); else None. A vLLM
+    version's engine behaviour (a draft model without CUDA graphs, n-gram without async scheduling) is the
+    version's, not the GPU's; the CPU build is another engine and gets none."""
     if not vllm_version:
         return None
     minor = minor_version(vllm_version)
-    return next((p for p in profiles if p.gpu == gpu.name and p.vllm_version == minor), None)
+    same = [p for p in profiles if p.vllm_version == minor]
+    own = next((p for p in same if p.gpu == gpu.name), None)
+    if own is not None or not measured_gpus or gpu.gpu_class == "cpu":
+        return own
+    near = [p for p in same if p.gpu in measured_gpus and measured_gpus[p.gpu].vendor == gpu.vendor]
+    if not near:
+        return None
+    return transferred_profile(min(near, key=lambda p: abs(math.log(
+        measured_gpus[p.gpu].hbm_bandwidth_gb_per_s / gpu.hbm_bandwidth_gb_per_s))), gpu)
+
+
+def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> MeasuredEngineProfile:
+    """``profile`` applied to ``gpu``: its efficiencies and per-step overheads priced on that GPU's bandwidth and
+    FLOP/s (the step-time model does that with any GPU's specs), its timing spread at least
+    ``PROFILE_TRANSFER_TIMING_REL``. Between the H100 and the H200 a profile so carried predicted the other GPU's
+    closed loops within a median 12.8 and 13.6 % (docs/gpu-closed-loop.md "Run 19")."""
+    def wider(step: StepTimeParams) -> StepTimeParams:
+        return dataclasses.replace(step, timing_rms_rel=max(step.timing_rms_rel, PROFILE_TRANSFER_TIMING_REL))
+
+    return dataclasses.replace(
+        profile, name=f"{profile.name} → {gpu.name}", step_time=wider(profile.step_time),
+        drafters=tuple((name, wider(step)) for name, step in profile.drafters), applied_to=gpu.name,
+        behaviour=(f"measured on {profile.gpu}, applied to {gpu.name}'s bandwidth and FLOP/s (carried between "
+                   "the H100 and the H200 such a profile came within a median 13-14 %): calibrate on this GPU",
+                   *profile.behaviour))
 
 
 def calibration_mismatch(calibration: Calibration, s: Scenario, gpu: GpuSpec) -> tuple[str, ...]:
@@ -797,7 +831,8 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
 def _profile_dict(profile: MeasuredEngineProfile | None) -> dict[str, Any] | None:
     if profile is None:
         return None
-    return {"name": profile.name, "gpu": profile.gpu, "vllm_version": profile.vllm_version,
+    return {"name": profile.name, "gpu": profile.gpu, "applied_to": profile.applied_to or profile.gpu,
+            "vllm_version": profile.vllm_version,
             "behaviour": list(profile.behaviour), "drafters": [name for name, _ in profile.drafters],
             "source": profile.source}
 

@@ -361,6 +361,7 @@ class MeasuredEngineProfile:
     # Runner V2 with async scheduling and CUDA graphs, a separate draft model on the V1 runner without either, so
     # each drafter's engine is priced by its own fit; a drafter not listed keeps the uncalibrated prior
     drafters: tuple[tuple[str, StepTimeParams], ...] = ()
+    applied_to: str | None = None  # the GPU it prices when carried from ``gpu`` (predict.transferred_profile)
 
     def drafter_step(self, name: str) -> StepTimeParams | None:
         return next((params for drafter, params in self.drafters if drafter == name), None)

@@ -111,6 +111,22 @@ def engine_profiles() -> tuple[costmodel.MeasuredEngineProfile, ...]:
     return tuple(costmodel.MeasuredEngineProfile.from_dict(p) for p in json.loads(path.read_text())["items"])
 
 
+@lru_cache(maxsize=1)
+def _profiled_gpus() -> dict[str, costmodel.GpuSpec]:
+    """The packaged catalog's specs of the GPUs the shipped profiles were measured on (as measured, whatever a user
+    later edits in the catalog)."""
+    from ..storage import catalog_items
+
+    names = {p.gpu for p in engine_profiles()}
+    return {g["name"]: costmodel.GpuSpec.from_dict(g) for g in catalog_items("gpus") if g["name"] in names}
+
+
+def engine_profile_for(gpu: costmodel.GpuSpec, vllm_version: str | None) -> costmodel.MeasuredEngineProfile | None:
+    """The shipped profile that times ``gpu`` × ``vllm_version``: its own, else that version's carried to it from
+    the nearest measured GPU (:func:`advisor.costmodel.matching_profile`), else None."""
+    return costmodel.matching_profile(engine_profiles(), gpu, vllm_version, _profiled_gpus())
+
+
 HEAD_METHODS = {"eagle_head": "eagle", "eagle3_head": "eagle3", "mtp_head": "mtp"}
 MIN_DRAFT_RATIO = 5.0  # a causal-LM drafter at least this much smaller than the target (checks.py: usual 10-50×)
 MAX_DEFAULT_DRAFTERS = 3

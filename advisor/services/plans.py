@@ -49,7 +49,7 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
     for row in rows:
         gpu = catalog.gpu_spec(row)
         cal = _calibration(data, gpu, target)
-        profile = costmodel.matching_profile(catalog.engine_profiles(), gpu, data.get("vllm_version"))
+        profile = catalog.engine_profile_for(gpu, data.get("vllm_version"))
         if cal is not None and target.name in cal.step_time:
             step = cal.step_time[target.name]
             pre = cal.prefill.get(target.name) or costmodel.default_prefill_params(gpu)

@@ -72,7 +72,7 @@ def predict(data: dict[str, Any]) -> Answer:
     sources = {gpu.name: gpu_row.source, target.name: target_row.source}
     if draft_row is not None:
         sources[draft_row.name] = draft_row.source
-    profile = costmodel.matching_profile(catalog.engine_profiles(), gpu, scenario.vllm_version)
+    profile = catalog.engine_profile_for(gpu, scenario.vllm_version)
     try:
         prediction = costmodel.predict(scenario, gpu, target, draft, calibration=calibration,
                                        catalog_sources=sources, profile=profile)
