@@ -95,6 +95,7 @@ def main(args: argparse.Namespace) -> None:
                      for p in json.loads((DATA / "engine_profiles.json").read_text())["items"])
     gpu_specs = {n: cm.GpuSpec.from_dict(r) for n, r in gpus.items()}
     model_specs = {n: cm.ModelSpec.from_dict(r) for n, r in models.items()}
+    measured_gpus = {p.gpu: gpu_specs[p.gpu] for p in profiles}  # as services.catalog.engine_profile_for
     calibration = cm.Calibration.from_dict(CALIBRATION)
     schema = ScenarioSchema()
     rng = random.Random(args.seed)
@@ -116,7 +117,8 @@ def main(args: argparse.Namespace) -> None:
         try:
             answer = cm.predict(scenario, gpu, model_specs[scenario.target_model], draft, calibration=cal,
                                 catalog_sources={"x": "y"},
-                                profile=cm.matching_profile(profiles, gpu, scenario.vllm_version)).json_text
+                                profile=cm.matching_profile(profiles, gpu, scenario.vllm_version,
+                                                            measured_gpus)).json_text
         except cm.CostModelError as exc:
             answer = f"error {exc.field}: {exc.message}"
         lines.append(f"{i} answer {answer}")

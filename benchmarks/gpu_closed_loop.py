@@ -491,9 +491,10 @@ def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path |
     ``pooled_with`` (earlier calibrations of the same conditions), from its fit with their timing records, as a
     product run's fit pools its earlier runs' (:func:`calibration.fit.pool_runs`); with ``remeasured`` (later
     measurements of the same engines), against their pooled speedups (``pool_measurements``); with ``profile``,
-    from the shipped engine profile of the run's GPU × vLLM 0.24 instead of any calibration (the answer a scenario
-    naming that vLLM version gets before its user calibrates); with ``uncalibrated``, from neither (the catalog's
-    defaults: the answer on a GPU without a profile, before its user calibrates)."""
+    from the engine profile the product prices the run's GPU × vLLM 0.24 by (:func:`shipped_profile`: its own or
+    one carried to it) instead of any calibration (the answer a scenario naming that vLLM version gets before its
+    user calibrates); with ``uncalibrated``, from neither (the catalog's defaults: the answer without a version,
+    before its user calibrates)."""
     from calibration.fit import POOLED_PROBES, pool_runs
 
     records = pool_runs([calibration_records(d) for d in (calibration_dir or workdir, *pooled_with)], POOLED_PROBES)
@@ -583,12 +584,18 @@ def measured_weights_dtype(row: dict) -> str:
 
 
 def shipped_profile(vllm_version: str = "0.24", gpu: str = GPU):
-    """The shipped engine profile of ``gpu`` × ``vllm_version`` (``advisor/data/engine_profiles.json``)."""
+    """The engine profile the product prices ``gpu`` × ``vllm_version`` by (``advisor/data/engine_profiles.json``):
+    that GPU's own, else one of that version carried to it (``advisor.costmodel.matching_profile``, as
+    ``advisor.services.catalog.engine_profile_for``)."""
+    from advisor.costmodel import GpuSpec, matching_profile
     from advisor.costmodel.types import MeasuredEngineProfile
 
-    items = json.loads(PROFILES_FILE.read_text())["items"]
-    return MeasuredEngineProfile.from_dict(next(p for p in items if p["gpu"] == gpu
-                                                and p["vllm_version"] == vllm_version))
+    profiles = [MeasuredEngineProfile.from_dict(p) for p in json.loads(PROFILES_FILE.read_text())["items"]]
+    specs = {g["name"]: GpuSpec.from_dict(g) for g in _gpu_rows()}
+    profile = matching_profile(profiles, specs[gpu], vllm_version, {p.gpu: specs[p.gpu] for p in profiles})
+    if profile is None:
+        raise LookupError(f"no engine profile prices {gpu} x vLLM {vllm_version}")
+    return profile
 
 
 def predict_measurements(workdir: Path, records: list[dict], profile=None,  # noqa: ANN001
@@ -808,8 +815,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", type=Path, action="append", default=[],
                         help="profile: another run whose calibration records join --workdir's in one fit (repeatable)")
     parser.add_argument("--profile", action="store_true",
-                        help="analyze: predict from the shipped engine profile (the run's GPU x vLLM 0.24), "
-                             "no calibration")
+                        help="analyze: predict from the engine profile the product prices the run's GPU x "
+                             "vLLM 0.24 by (its own, or one carried to it), no calibration")
     parser.add_argument("--uncalibrated", action="store_true",
                         help="analyze: predict from the catalog's defaults alone (no calibration, no profile)")
     parser.add_argument("--pooled-with", type=Path, action="append", default=[], metavar="RUN",

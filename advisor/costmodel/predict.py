@@ -143,8 +143,8 @@ def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration
 
 
 # A profile carried to another GPU: its timing spread at least this (log σ of the baseline step and of the cycle).
-# docs/gpu-closed-loop.md "Run 19": the H100's profile on the fifteen H200 leases, and the H200's on the H100 lease,
-# covered 477/540 and 35/36 at their own spread, 525/540 and 36/36 at 0.2 (each GPU's own profile: 522/540, 35/36).
+# docs/gpu-closed-loop.md "Run 19": the H100 lease's fit on the fifteen H200 leases, and the H200's profile on the
+# H100 lease, covered 477/540 and 35/36 at their own spread, 525/540 and 36/36 at 0.2 (the H200's own: 522/540).
 PROFILE_TRANSFER_TIMING_REL = 0.2
 
 
@@ -172,7 +172,7 @@ def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec, vl
 def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> MeasuredEngineProfile:
     """``profile`` applied to ``gpu``: its efficiencies and per-step overheads priced on that GPU's bandwidth and
     FLOP/s (the step-time model does that with any GPU's specs), its timing spread at least
-    ``PROFILE_TRANSFER_TIMING_REL``. Between the H100 and the H200 a profile so carried predicted the other GPU's
+    ``PROFILE_TRANSFER_TIMING_REL``. Between the H100 and the H200 a fit so carried predicted the other GPU's
     closed loops within a median 12.8 and 13.6 % (docs/gpu-closed-loop.md "Run 19")."""
     def wider(step: StepTimeParams) -> StepTimeParams:
         return dataclasses.replace(step, timing_rms_rel=max(step.timing_rms_rel, PROFILE_TRANSFER_TIMING_REL))

@@ -282,40 +282,40 @@ def test_monte_carlo_step_draws_are_cached_by_parameter_values():
 
 def test_a_vllm_versions_profile_is_carried_to_a_gpu_without_one(gpus, models, make_scenario):
     """A scenario naming vLLM 0.24 on a GPU with no profile of its own takes 0.24's profile from the NVIDIA GPU
-    nearest in HBM bandwidth (A100 and L40S: the H100's; B200: the H200's), carried to its specs with a timing spread
-    of at least 20 % (docs/gpu-closed-loop.md "Run 19"). The version's engine behaviour is the version's: on the
-    A100 a 0.24 draft model no longer reads as a 1.8x gain. Another vendor, the CPU build, another version, or no
-    version: no profile."""
+    nearest in HBM bandwidth, carried to its specs with a timing spread of at least 20 % (docs/gpu-closed-loop.md
+    "Run 19"). The version's engine behaviour is the version's: on the A100 a 0.24 draft model no longer reads as a
+    1.8x gain. Another vendor, the CPU build, another version, or no version: no profile."""
     from advisor.costmodel.predict import PROFILE_TRANSFER_TIMING_REL
-
     from tests.costmodel.conftest import DATA
 
-    items = json.loads((DATA / "engine_profiles.json").read_text())["items"]
-    profiles = [cm.MeasuredEngineProfile.from_dict(p) for p in items]
-    measured = {p.gpu: gpus[p.gpu] for p in profiles}
-    for gpu, source in (("A100-80GB-SXM", "H100-SXM"), ("L40S", "H100-SXM"), ("B200", "H200-SXM"),
-                        ("H100-SXM", None), ("H200-SXM", None)):
-        got = cm.matching_profile(profiles, gpus[gpu], "0.24.0", measured)
-        own = next(p for p in profiles if p.gpu == (source or gpu))
-        assert got.gpu == own.gpu and got.applied_to == (gpu if source else None)
-        if source:
-            assert got.name == f"{own.name} → {gpu}" and got.behaviour[1:] == own.behaviour
-            assert got.behaviour[0].startswith(f"measured on {source}, applied to {gpu}")
-            steps = [got.step_time, *(step for _, step in got.drafters)]
-            assert min(s.timing_rms_rel for s in steps) >= PROFILE_TRANSFER_TIMING_REL
-            assert got.step_time.bandwidth_efficiency == own.step_time.bandwidth_efficiency
-        else:
-            assert got is own
+    (h200,) = [cm.MeasuredEngineProfile.from_dict(p)
+               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]]
+    h100 = dataclasses.replace(h200, name="H100-SXM × vLLM 0.24", gpu="H100-SXM")  # were there one
+    for profiles, gpu, source in (([h200], "H100-SXM", h200), ([h200], "A100-80GB-SXM", h200), ([h200], "B200", h200),
+                                  ([h200, h100], "A100-80GB-SXM", h100), ([h200, h100], "L40S", h100),
+                                  ([h200, h100], "B200", h200), ([h200, h100], "H100-SXM", None)):
+        got = cm.matching_profile(profiles, gpus[gpu], "0.24.0", {p.gpu: gpus[p.gpu] for p in profiles})
+        if source is None:
+            assert got is h100
+            continue
+        assert (got.gpu, got.applied_to, got.name) == (source.gpu, gpu, f"{source.name} → {gpu}")
+        assert got.behaviour[0].startswith(f"measured on {source.gpu}, applied to {gpu}")
+        assert got.behaviour[1:] == source.behaviour
+        steps = [got.step_time, *(step for _, step in got.drafters)]
+        assert min(step.timing_rms_rel for step in steps) >= PROFILE_TRANSFER_TIMING_REL
+        assert got.step_time.bandwidth_efficiency == source.step_time.bandwidth_efficiency
+    measured = {"H200-SXM": gpus["H200-SXM"]}
     for gpu, version, given in (("MI300X", "0.24", measured), ("CPU-2core", "0.24", measured),
                                 ("A100-80GB-SXM", "0.12", measured), ("A100-80GB-SXM", None, measured),
                                 ("A100-80GB-SXM", "0.24", None)):
-        assert cm.matching_profile(profiles, gpus[gpu], version, given) is None
+        assert cm.matching_profile([h200], gpus[gpu], version, given) is None
+    assert cm.matching_profile([h200], gpus["H200-SXM"], "0.24", measured) is h200
     s = make_scenario(gpu="A100-80GB-SXM", target_model="llama-3.1-8b-instruct", method="draft_model",
                       draft_model="llama-3.2-1b-instruct", num_speculative_tokens=3, concurrency=1, vllm_version="0.24",
                       acceptance=cm.AcceptanceInput(per_position=(0.8, 0.64, 0.512)))
     args = (s, gpus["A100-80GB-SXM"], models["llama-3.1-8b-instruct"], models["llama-3.2-1b-instruct"])
-    carried = cm.predict(*args, profile=cm.matching_profile(profiles, args[1], "0.24", measured)).to_dict()
+    carried = cm.predict(*args, profile=cm.matching_profile([h200], args[1], "0.24", measured)).to_dict()
     plain = cm.predict(*args).to_dict()
     assert plain["speedup"]["expected"] > 1.5 and carried["speedup"]["expected"] < 1.0
     assert carried["decision"] != "go" and carried["engine_profile"]["applied_to"] == "A100-80GB-SXM"
-    assert carried["provenance"]["tpot_ms.speculative"] == "profile:H100-SXM × vLLM 0.24 → A100-80GB-SXM"
+    assert carried["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24 → A100-80GB-SXM"
