@@ -162,7 +162,8 @@ def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec, vl
     own = next((p for p in same if p.gpu == gpu.name), None)
     if own is not None or not measured_gpus or gpu.gpu_class == "cpu":
         return own
-    near = [p for p in same if p.gpu in measured_gpus and measured_gpus[p.gpu].vendor == gpu.vendor]
+    vendor = gpu.vendor.casefold()  # a catalog row a user added may spell it "nvidia"
+    near = [p for p in same if p.gpu in measured_gpus and measured_gpus[p.gpu].vendor.casefold() == vendor]
     if not near:
         return None
     return transferred_profile(min(near, key=lambda p: abs(math.log(

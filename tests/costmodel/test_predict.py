@@ -310,6 +310,8 @@ def test_a_vllm_versions_profile_is_carried_to_a_gpu_without_one(gpus, models, m
                                 ("A100-80GB-SXM", "0.24", None)):
         assert cm.matching_profile([h200], gpus[gpu], version, given) is None
     assert cm.matching_profile([h200], gpus["H200-SXM"], "0.24", measured) is h200
+    custom = dataclasses.replace(gpus["A100-80GB-SXM"], name="my-a100", vendor="nvidia")  # a row a user added
+    assert cm.matching_profile([h200], custom, "0.24", measured).applied_to == "my-a100"
     s = make_scenario(gpu="A100-80GB-SXM", target_model="llama-3.1-8b-instruct", method="draft_model",
                       draft_model="llama-3.2-1b-instruct", num_speculative_tokens=3, concurrency=1, vllm_version="0.24",
                       acceptance=cm.AcceptanceInput(per_position=(0.8, 0.64, 0.512)))
