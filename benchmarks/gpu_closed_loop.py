@@ -112,7 +112,7 @@ def catalog_specs(drafter: str = DRAFT, gpu_name: str = GPU):
 def catalog_gpu(detected: str | None) -> str:
     """The packaged catalog's name of a detected GPU (``NVIDIA H100 80GB HBM3`` -> ``H100-SXM``), matched as the
     product checks a run's ``--hardware`` (``calibration.runner.hardware_mismatch``); H200-SXM for runs that kept
-    no GPU name (every stored run is the H200's)."""
+    no GPU name (every such stored run was on the H200)."""
     from calibration.runner import hardware_mismatch
 
     if not detected:
@@ -585,14 +585,11 @@ def measured_weights_dtype(row: dict) -> str:
 
 def shipped_profile(vllm_version: str = "0.24", gpu: str = GPU):
     """The engine profile the product prices ``gpu`` × ``vllm_version`` by (``advisor/data/engine_profiles.json``):
-    that GPU's own, else one of that version carried to it (``advisor.costmodel.matching_profile``, as
-    ``advisor.services.catalog.engine_profile_for``)."""
-    from advisor.costmodel import GpuSpec, matching_profile
-    from advisor.costmodel.types import MeasuredEngineProfile
+    that GPU's own, else one of that version carried to it (``advisor.services.catalog.engine_profile_for``)."""
+    from advisor.costmodel import GpuSpec
+    from advisor.services.catalog import engine_profile_for
 
-    profiles = [MeasuredEngineProfile.from_dict(p) for p in json.loads(PROFILES_FILE.read_text())["items"]]
-    specs = {g["name"]: GpuSpec.from_dict(g) for g in _gpu_rows()}
-    profile = matching_profile(profiles, specs[gpu], vllm_version, {p.gpu: specs[p.gpu] for p in profiles})
+    profile = engine_profile_for(GpuSpec.from_dict(next(g for g in _gpu_rows() if g["name"] == gpu)), vllm_version)
     if profile is None:
         raise LookupError(f"no engine profile prices {gpu} x vLLM {vllm_version}")
     return profile
