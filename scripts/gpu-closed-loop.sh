@@ -9,6 +9,8 @@
 # generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine; QUANT=fp8 quantizes the
 # target in every engine (calibrate and measure; the drafter stays bf16). PROMPT_TOKENS=4096 BATCHES=1,4,16,64 measure
 # at that prompt length and those batch sizes (a long context: every step reads a long KV cache).
+# Phases kv-auto, kv-fp8: the plan's target engine alone at an 8k context, decode at B = 1, 8, 32, with that KV-cache
+# dtype (benchmarks/kv_cache_dtype.py; the long steps split a profile's per-step overhead from its HBM efficiency).
 # On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
 # symmetric-memory multicast, and vLLM's all-reduces that build on them (symmetric memory, FlashInfer's); TP runs
 # use vLLM's custom all-reduce (CUDA IPC) and NCCL.
@@ -33,6 +35,9 @@ for arg in "$@"; do
              [ -n "${PROMPT_TOKENS:-}" ] && cmd+=(--prompt-tokens "$PROMPT_TOKENS")
              [ -n "${BATCHES:-}" ] && cmd+=(--batch-sizes "$BATCHES") ;;
     draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json") ;;
+    kv-auto|kv-fp8) cmd=(python3 -m benchmarks.gpu_closed_loop calibrate --workdir "$W/$phase" --only target
+               --set context_len=8192 --set 'batch_sizes=[1,8,32]' --set 'cycle_batch_sizes=[1,8,32]'
+               --set 'prompt_lengths=[8192]' --set 'prefill_batch_sizes=[1]' --set "kv_cache_dtype=\"${phase#kv-}\"") ;;
   esac
   timeout --signal=INT --kill-after=20 "$limit" "${cmd[@]}" \
     2> >(tee -a "$W/$phase.err" | grep -E '^\[(calibrate|measure)|^\{|Error' >&2)
@@ -43,4 +48,11 @@ grep -hE "torch.compile take|Graph capturing finished|init engine|Compil(ing|ati
 grep -h '^\[calibrate' "$W/calibrate.err" > "$W/calibrate-progress.txt" 2>/dev/null
 O="$OUT/${OUTSUB:-w}"  # OUTSUB: another folder under $OUT (two workdirs in one call)
 mkdir -p "$O" && cp "$W"/*.json "$W"/*.jsonl "$W"/*.txt "$O/" 2>/dev/null
-gzip -c "$W/calibrate.err" > "$O/calibrate.err.gz" 2>/dev/null; ls -la "$O"
+gzip -c "$W/calibrate.err" > "$O/calibrate.err.gz" 2>/dev/null
+for kv in "$W"/kv-*/; do  # at most 8 files come back from a call: the long-step runs travel as one archive
+  [ -f "$kv/calibration-redo.jsonl" ] || continue; k=$(basename "$kv")
+  mkdir -p "$W/kv"; cp "$kv/calibration-redo.jsonl" "$W/kv/$k.jsonl"
+  cp "$kv/calibration-redo-run.json" "$W/kv/$k-run.json"; gzip -c "$W/$k.err" > "$W/kv/$k.err.gz"
+done
+[ -d "$W/kv" ] && tar czf "$O/kv.tar.gz" -C "$W/kv" .
+ls -la "$O"
