@@ -302,10 +302,12 @@ class AnswerSchema(Schema):
     cost_model_version = fields.String()
     calibration_run_id = fields.Integer(allow_none=True)
     engine_profile = fields.Dict(allow_none=True, metadata={
-        "description": "{name, gpu, applied_to, vllm_version, behaviour, drafters, source}: the measured GPU × vLLM "
-                       "profile the timing came from (scenario.vllm_version), or null. gpu is where it was "
-                       "measured; applied_to the scenario's GPU (another one when no profile of its own ships and "
-                       "one of that version was carried to it from the GPU nearest in bandwidth)."})
+        "description": "{name, gpu, applied_to, vllm_version, behaviour, drafters, drafters_carried, source}: the "
+                       "measured GPU × vLLM profile the timing came from (scenario.vllm_version), or null. gpu is "
+                       "where it was measured; applied_to the scenario's GPU (another one when no profile of its own "
+                       "ships and one of that version was carried to it from the GPU nearest in bandwidth). "
+                       "drafters_carried: drafter -> the profile of another GPU that timed it, carried to this one "
+                       "(the GPU's own profile did not time that drafter)."})
 
 
 class RecommendationSchema(AnswerSchema):

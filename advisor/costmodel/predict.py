@@ -128,6 +128,8 @@ class Context:
     # the target's steps on the engine path without the scenario's drafter (what a copy method or an untimed head
     # runs on): the compared methods' target; None = target_step (no drafter fit replaced it)
     compared_target_step: StepTimeParams | None = None
+    # the speculative engine's timing source where it is not step_source (a drafter carried from another profile)
+    spec_step_source: str | None = None
 
 
 def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
@@ -152,22 +154,42 @@ def matching_profile(profiles: Iterable[MeasuredEngineProfile], gpu: GpuSpec, vl
                      measured_gpus: dict[str, GpuSpec] | None = None) -> MeasuredEngineProfile | None:
     """The measured profile of this GPU × vLLM version (major.minor of ``vllm_version``). Else, where
     ``measured_gpus`` gives the specs of the GPUs profiles were measured on: that version's profile from the GPU of
-    the same vendor nearest in HBM bandwidth, carried to this one (:func:`transferred_profile`); else None. A vLLM
-    version's engine behaviour (a draft model without CUDA graphs, n-gram without async scheduling) is the
+    the same vendor nearest in HBM bandwidth, carried to this one (:func:`transferred_profile`); else None. Either
+    way, drafters it did not time come from the version's other profiles, carried (:func:`with_carried_drafters`).
+    A vLLM version's engine behaviour (a draft model without CUDA graphs, n-gram without async scheduling) is the
     version's, not the GPU's; the CPU build is another engine and gets none."""
     if not vllm_version:
         return None
     minor = minor_version(vllm_version)
     same = [p for p in profiles if p.vllm_version == minor]
     own = next((p for p in same if p.gpu == gpu.name), None)
-    if own is not None or not measured_gpus or gpu.gpu_class == "cpu":
+    if not measured_gpus or gpu.gpu_class == "cpu":
         return own
     vendor = gpu.vendor.casefold()  # a catalog row a user added may spell it "nvidia"
-    near = [p for p in same if p.gpu in measured_gpus and measured_gpus[p.gpu].vendor.casefold() == vendor]
-    if not near:
-        return None
-    return transferred_profile(min(near, key=lambda p: abs(math.log(
-        measured_gpus[p.gpu].hbm_bandwidth_gb_per_s / gpu.hbm_bandwidth_gb_per_s))), gpu)
+    near = sorted((p for p in same if p is not own and p.gpu in measured_gpus
+                   and measured_gpus[p.gpu].vendor.casefold() == vendor),
+                  key=lambda p: abs(math.log(measured_gpus[p.gpu].hbm_bandwidth_gb_per_s / gpu.hbm_bandwidth_gb_per_s)))
+    carried = [transferred_profile(p, gpu) for p in near]
+    base = own if own is not None else carried.pop(0) if carried else None
+    return with_carried_drafters(base, carried) if base is not None else None
+
+
+def with_carried_drafters(own: MeasuredEngineProfile, carried: list[MeasuredEngineProfile]) -> MeasuredEngineProfile:
+    """``own`` with the drafters it did not time taken from ``carried`` (the version's other profiles carried to its
+    GPU, nearest first): which runner vLLM runs a drafter on, with or without CUDA graphs and async scheduling, is
+    the version's, and its fit carries as the target's does (docs/gpu-closed-loop.md "Run 19")."""
+    timed = {name for name, _ in own.drafters}
+    extra: list[tuple[str, StepTimeParams]] = []
+    origins: list[tuple[str, str]] = []
+    for profile in carried:
+        for name, step in profile.drafters:
+            if name not in timed:
+                timed.add(name)
+                extra.append((name, step))
+                origins.append((name, profile.name))
+    if not extra:
+        return own
+    return dataclasses.replace(own, drafters=(*own.drafters, *extra), drafter_origins=tuple(origins))
 
 
 def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> MeasuredEngineProfile:
@@ -270,8 +292,13 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     own_step = t_step
     d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
     timed = profile.drafter_step(draft.name) if step_source.startswith("profile") and draft is not None else None
-    if timed is not None:  # the profile timed this drafter's engine
+    spec_step_source = None
+    if timed is not None:  # the profile timed this drafter's engine (or carries another GPU's fit of it)
         d_step, d_pre, d_source = timed, t_pre, step_source
+        origin = profile.drafter_origin(draft.name)
+        if origin is not None:
+            spec_step_source = f"profile:{origin}"
+            notes += (f"the profile {profile.name} timed no cycles of {draft.name}: its engine is timed by {origin}",)
     if draft is not None and d_source != "default":
         # a drafter's fit is its engine's: the target's steps and the drafter's forwards fitted together on the
         # path vLLM ran them (calibration.fit.engine_path_records); the joint fit of a run when it is the same
@@ -287,7 +314,7 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
                    t_pre, d_pre, step_source, acc, acc_source, k_ref, notes,
                    s.acceptance is not None and s.acceptance.draft_fraction is not None,
                    profile if step_source.startswith("profile") else None,
-                   own_step if own_step is not t_step else None)
+                   own_step if own_step is not t_step else None, spec_step_source)
 
 
 def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None,
@@ -835,6 +862,7 @@ def _profile_dict(profile: MeasuredEngineProfile | None) -> dict[str, Any] | Non
     return {"name": profile.name, "gpu": profile.gpu, "applied_to": profile.applied_to or profile.gpu,
             "vllm_version": profile.vllm_version,
             "behaviour": list(profile.behaviour), "drafters": [name for name, _ in profile.drafters],
+            "drafters_carried": dict(profile.drafter_origins),
             "source": profile.source}
 
 
@@ -891,8 +919,9 @@ def _provenance(ctx: Context, answer: dict[str, Any], acc_source: str, conc_sour
     s = ctx.scenario
     gpu_src, tgt_src = f"catalog:{ctx.gpu.name}", f"catalog:{ctx.target.name}"
     draft_src = ctx.draft_source if ctx.draft_source.startswith("catalog") else "default"
-    timing = ctx.step_source  # "default" or "calibration:<id>"
-    mixed = acc_source if acc_source.startswith("prior") else timing  # weakest link of timing × acceptance
+    timing = ctx.step_source  # "default", "calibration:<id>" or "profile:<name>"
+    # weakest link of timing × acceptance; the speculative engine's timing may come from a drafter's carried fit
+    mixed = acc_source if acc_source.startswith("prior") else ctx.spec_step_source or timing
     prov: dict[str, str] = {}
 
     def put(path: str, value: Any, source: str) -> None:

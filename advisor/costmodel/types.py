@@ -362,9 +362,16 @@ class MeasuredEngineProfile:
     # each drafter's engine is priced by its own fit; a drafter not listed keeps the uncalibrated prior
     drafters: tuple[tuple[str, StepTimeParams], ...] = ()
     applied_to: str | None = None  # the GPU it prices when carried from ``gpu`` (predict.transferred_profile)
+    # drafters listed above that this profile did not time, each carried from another GPU's profile of the same
+    # version (drafter, that profile's carried name; predict.matching_profile)
+    drafter_origins: tuple[tuple[str, str], ...] = ()
 
     def drafter_step(self, name: str) -> StepTimeParams | None:
         return next((params for drafter, params in self.drafters if drafter == name), None)
+
+    def drafter_origin(self, name: str) -> str | None:
+        """The carried profile that timed drafter ``name``, where this profile did not (None: this one did)."""
+        return next((origin for drafter, origin in self.drafter_origins if drafter == name), None)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MeasuredEngineProfile:

@@ -288,22 +288,21 @@ def test_a_vllm_versions_profile_is_carried_to_a_gpu_without_one(gpus, models, m
     from advisor.costmodel.predict import PROFILE_TRANSFER_TIMING_REL
     from tests.costmodel.conftest import DATA
 
-    (h200,) = [cm.MeasuredEngineProfile.from_dict(p)
-               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]]
-    h100 = dataclasses.replace(h200, name="H100-SXM × vLLM 0.24", gpu="H100-SXM")  # were there one
+    shipped = {p["gpu"]: cm.MeasuredEngineProfile.from_dict(p)
+               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]}
+    h200, h100 = shipped["H200-SXM"], shipped["H100-SXM"]
     for profiles, gpu, source in (([h200], "H100-SXM", h200), ([h200], "A100-80GB-SXM", h200), ([h200], "B200", h200),
                                   ([h200, h100], "A100-80GB-SXM", h100), ([h200, h100], "L40S", h100),
-                                  ([h200, h100], "B200", h200), ([h200, h100], "H100-SXM", None)):
+                                  ([h200, h100], "B200", h200), ([h100], "H200-SXM", h100)):
         got = cm.matching_profile(profiles, gpus[gpu], "0.24.0", {p.gpu: gpus[p.gpu] for p in profiles})
-        if source is None:
-            assert got is h100
-            continue
         assert (got.gpu, got.applied_to, got.name) == (source.gpu, gpu, f"{source.name} → {gpu}")
         assert got.behaviour[0].startswith(f"measured on {source.gpu}, applied to {gpu}")
         assert got.behaviour[1:] == source.behaviour
         steps = [got.step_time, *(step for _, step in got.drafters)]
         assert min(step.timing_rms_rel for step in steps) >= PROFILE_TRANSFER_TIMING_REL
         assert got.step_time.bandwidth_efficiency == source.step_time.bandwidth_efficiency
+    both = {"H200-SXM": gpus["H200-SXM"], "H100-SXM": gpus["H100-SXM"]}
+    assert cm.matching_profile([h200, h100], gpus["H200-SXM"], "0.24", both) is h200  # it timed every drafter
     measured = {"H200-SXM": gpus["H200-SXM"]}
     for gpu, version, given in (("MI300X", "0.24", measured), ("CPU-2core", "0.24", measured),
                                 ("A100-80GB-SXM", "0.12", measured), ("A100-80GB-SXM", None, measured),
@@ -321,3 +320,40 @@ def test_a_vllm_versions_profile_is_carried_to_a_gpu_without_one(gpus, models, m
     assert plain["speedup"]["expected"] > 1.5 and carried["speedup"]["expected"] < 1.0
     assert carried["decision"] != "go" and carried["engine_profile"]["applied_to"] == "A100-80GB-SXM"
     assert carried["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24 → A100-80GB-SXM"
+
+
+def test_drafters_a_gpus_own_profile_did_not_time_are_carried_from_another(gpus, models, make_scenario):
+    """The H100's profile timed the 1B draft model only; the H200's also timed the EAGLE and EAGLE-3 heads (which vLLM
+    0.24 runs on another runner, with CUDA graphs and async scheduling: the version's, not the GPU's). On the H100
+    an EAGLE-3 scenario takes its engine's fit from the H200's profile carried there (its spread widened), and says
+    so: the speculative numbers' provenance and a reason name the carried profile, the baseline stays the H100's."""
+    from advisor.costmodel.predict import PROFILE_TRANSFER_TIMING_REL
+    from tests.costmodel.conftest import DATA
+
+    shipped = {p["gpu"]: cm.MeasuredEngineProfile.from_dict(p)
+               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]}
+    h200, h100 = shipped["H200-SXM"], shipped["H100-SXM"]
+    measured = {"H200-SXM": gpus["H200-SXM"], "H100-SXM": gpus["H100-SXM"]}
+    got = cm.matching_profile([h200, h100], gpus["H100-SXM"], "0.24", measured)
+    assert (got.name, got.step_time, got.drafter_step("llama-3.2-1b-instruct")) == (
+        h100.name, h100.step_time, h100.drafter_step("llama-3.2-1b-instruct"))
+    heads = ("eagle-llama-3.1-8b", "eagle3-llama-3.1-8b")
+    assert {name for name, _ in h100.drafters}.isdisjoint(heads) and all(h200.drafter_step(n) for n in heads)
+    assert dict(got.drafter_origins) == {n: "H200-SXM × vLLM 0.24 → H100-SXM" for n in heads}
+    for name in heads:
+        assert got.drafter_step(name).bandwidth_efficiency == h200.drafter_step(name).bandwidth_efficiency
+        assert got.drafter_step(name).timing_rms_rel >= PROFILE_TRANSFER_TIMING_REL
+    s = make_scenario(gpu="H100-SXM", target_model="llama-3.1-8b-instruct", method="eagle3",
+                      draft_model="eagle3-llama-3.1-8b", concurrency=4, vllm_version="0.24",
+                      acceptance=cm.AcceptanceInput(per_position=(0.8, 0.64, 0.512)))
+    args = (s, gpus["H100-SXM"], models["llama-3.1-8b-instruct"], models["eagle3-llama-3.1-8b"])
+    answer = cm.predict(*args, profile=got).to_dict()
+    prov = answer["provenance"]
+    assert prov["step_ms.decode"] == prov["tpot_ms.baseline"] == "profile:H100-SXM × vLLM 0.24"
+    assert prov["tpot_ms.speculative"] == prov["speedup.expected"] == "profile:H200-SXM × vLLM 0.24 → H100-SXM"
+    assert any("timed no cycles of eagle3-llama-3.1-8b: its engine is timed by H200-SXM × vLLM 0.24 → H100-SXM" in r
+               for r in answer["reasons"])
+    assert answer["engine_profile"]["drafters_carried"] == dict(got.drafter_origins)
+    uncarried = cm.predict(*args, profile=h100).to_dict()  # the H100's own alone: the head's uncalibrated prior
+    assert any("the drafter's cost is the uncalibrated prior" in r for r in uncarried["reasons"])
+    assert uncarried["speedup"] != answer["speedup"]
