@@ -699,33 +699,27 @@ def with_target_steps(records: list[dict], extra: list[dict]) -> list[dict]:
                       for r in steps]
 
 
-def write_profile(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, ...] = (),
-                  pool: tuple[Path, ...] = ()) -> dict:
-    """The run's fit as the shipped engine profile of its GPU × this vLLM version (advisor/data/engine_profiles.json).
-    A run of the default drafter replaces the profile's timing (and its own drafter entry); a run of another
-    drafter (an EAGLE head) adds or replaces only that drafter's entry in ``drafters``. ``extra``: record files
-    whose target decode steps join the fit (:func:`with_target_steps`); ``pool``: other runs (other leases, other
-    calibrations of one lease) whose records join ``workdir``'s in one fit (:func:`pooled_records`)."""
+def profile_entry(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, ...] = (),
+                  pool: tuple[Path, ...] = (), old: dict | None = None) -> dict:
+    """The run's fit as an engine profile of its GPU × this vLLM version, an item of
+    advisor/data/engine_profiles.json (``MeasuredEngineProfile.from_dict`` reads it). A run of the default drafter
+    gives the profile's timing (and its own drafter entry); a run of another drafter (an EAGLE head) adds or
+    replaces only that drafter's entry in ``old``'s ``drafters``. ``extra``: record files whose target decode steps
+    join the fit (:func:`with_target_steps`); ``pool``: other runs (other leases, other calibrations of one lease)
+    whose records join ``workdir``'s in one fit (:func:`pooled_records`)."""
     records = pooled_records([workdir, *pool], [r for path in extra for r in load_jsonl(REPO_ROOT / path)])
     drafter = run_drafter(records)
     gpu, target, draft = catalog_specs(drafter, run_gpu(workdir))
     cal, _ = build_gpu_calibration(records, gpu, target, draft)
     env = json.loads((workdir / "calibration-run.json").read_text())["environment"]
-    data = json.loads(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {
-        "about": "Measured engine profiles: step-time and prefill fits of the product's probe plan on one GPU × vLLM "
-                 "version (benchmarks/gpu_closed_loop.py). A scenario that names vllm_version gets the matching "
-                 "profile's timing when no calibration run of its own applies; its drafter's own cost comes from "
-                 "the profile only for the drafters listed under drafters.", "items": []}
-    name = f"{gpu.name} × vLLM {vllm_version}"
-    old = next((p for p in data["items"] if p["name"] == name), None)
     source = (f"benchmarks/gpu_closed_loop.py calibrate on {env.get('gpu_name')} (vLLM {env.get('vllm_version')}, "
               f"torch {env.get('torch_version')}, CUDA {env.get('cuda_version')}): {TARGET}- and {drafter}-shaped "
-              f"dummy weights, bf16, CUDA graphs; records in {workdir.relative_to(REPO_ROOT)}"
+              f"dummy weights, bf16, CUDA graphs; records in {workdir.resolve().relative_to(REPO_ROOT)}"
               + "".join(f", {p.resolve().relative_to(REPO_ROOT)}" for p in pool)
               + "".join(f", with the target's decode steps of {p}" for p in extra))
     if drafter == DRAFT or old is None:
         profile = {
-            "name": name, "gpu": gpu.name, "vllm_version": vllm_version,
+            "name": f"{gpu.name} × vLLM {vllm_version}", "gpu": gpu.name, "vllm_version": vllm_version,
             "step_time": cal.step_time[target.name].to_dict(), "prefill": cal.prefill[target.name].to_dict(),
             "max_batch_measured": cal.max_batch_calibrated, "behaviour": profile_behaviour(records), "source": source,
         }
@@ -733,6 +727,21 @@ def write_profile(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, 
         profile = dict(old)
     profile["drafters"] = {**(old or {}).get("drafters", {}), drafter: cal.step_time[drafter].to_dict()}
     profile["drafter_sources"] = {**(old or {}).get("drafter_sources", {}), drafter: source}
+    return profile
+
+
+def write_profile(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, ...] = (),
+                  pool: tuple[Path, ...] = ()) -> dict:
+    """The run's fit written as the shipped engine profile of its GPU × this vLLM version
+    (advisor/data/engine_profiles.json; :func:`profile_entry`), replacing that pair's."""
+    data = json.loads(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {
+        "about": "Measured engine profiles: step-time and prefill fits of the product's probe plan on one GPU × vLLM "
+                 "version (benchmarks/gpu_closed_loop.py). A scenario that names vllm_version gets the matching "
+                 "profile's timing when no calibration run of its own applies; its drafter's own cost comes from "
+                 "the profile only for the drafters listed under drafters.", "items": []}
+    name = f"{run_gpu(workdir)} × vLLM {vllm_version}"
+    old = next((p for p in data["items"] if p["name"] == name), None)
+    profile = profile_entry(workdir, vllm_version, extra, pool, old)
     data["items"] = [p for p in data["items"] if p["name"] != name] + [profile]
     PROFILES_FILE.write_text(json.dumps(data, indent=1) + "\n")
     return profile
