@@ -37,9 +37,20 @@ CLASS_INTERCONNECT_GB_PER_S: dict[str, float] = {  # all-reduce bus bandwidth pe
     "cpu": 10.0,
 }
 # An fp8 KV cache stores one byte per element, but vLLM 0.24's FLASH_ATTN reads it at ~70 % of a bf16 cache's bytes
-# per second (it dequantises in the kernel): a context token costs 0.72x bf16's read time, not 0.5x (H200, run 12:
-# benchmarks/kv_cache_dtype.py). The read is priced as this many bytes per stored byte.
+# per second on the H200 (it dequantises in the kernel): a context token costs 0.72x bf16's read time, not 0.5x (run
+# 12: benchmarks/kv_cache_dtype.py). The read is priced as this many bytes per stored byte.
 KV_READ_COST_PER_BYTE: dict[str, float] = {"auto": 1.0, "fp8": 1.44}
+# The same, per GPU measured: least squares of its long-context fp8 steps with its profile (H200 run 12, H100 run
+# 20). Both GPUs have the same SMs and clock and read fp8 at ~3 TB/s of stored bytes; the H100's HBM (3.35 TB/s)
+# nearly keeps up with that, the H200's (4.8) does not. Another GPU gets the H200's (the slower read): unmeasured.
+FP8_KV_READ_COST_PER_BYTE_BY_GPU: dict[str, float] = {"H200-SXM": 1.44, "H100-SXM": 1.16}
+
+
+def kv_read_cost_per_byte(gpu: GpuSpec, kv_cache_dtype: str) -> float:
+    """Bytes of read time per stored KV byte (:data:`KV_READ_COST_PER_BYTE`, the GPU's own where measured)."""
+    if kv_cache_dtype == "fp8":
+        return FP8_KV_READ_COST_PER_BYTE_BY_GPU.get(gpu.name, KV_READ_COST_PER_BYTE["fp8"])
+    return KV_READ_COST_PER_BYTE[kv_cache_dtype]
 ALLREDUCE_LATENCY_S = 8e-6  # NCCL small-message all-reduce latency within a node (NCCL tests, 8×H100)
 
 
@@ -185,7 +196,7 @@ def forward_cost(gpu: GpuSpec, model: ModelSpec, weights_dtype: str = "bf16", gp
         flops_per_token=2.0 * active_params_per_token(model) / g,  # 2 FLOPs per multiply-add
         attn_flops_per_token_per_ctx=4.0 * model.num_layers * model.num_attention_heads * model.head_dim / g,
         kv_bytes_per_ctx_token=kv_bytes_per_token(model, gpu_count, kv_cache_dtype) / g
-        * KV_READ_COST_PER_BYTE[kv_cache_dtype],
+        * kv_read_cost_per_byte(gpu, kv_cache_dtype),
         num_layers=model.num_layers, hidden_size=model.hidden_size,
         bandwidth_bytes_per_s=gpu.hbm_bandwidth_gb_per_s * 1e9, peak_flops_per_s=peak_flops_per_s(gpu, weights_dtype),
         gpu_count=gpu_count,
