@@ -195,8 +195,8 @@ def with_carried_drafters(own: MeasuredEngineProfile, carried: list[MeasuredEngi
 def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> MeasuredEngineProfile:
     """``profile`` applied to ``gpu``: its efficiencies and per-step overheads priced on that GPU's bandwidth and
     FLOP/s (the step-time model does that with any GPU's specs), its timing spread at least
-    ``PROFILE_TRANSFER_TIMING_REL``. Between the H100 and the H200 a fit so carried predicted the other GPU's
-    closed loops within a median 12.8 and 13.6 % (docs/gpu-closed-loop.md "Run 19")."""
+    ``PROFILE_TRANSFER_TIMING_REL``. Between the H100 and the H200 a profile so carried predicted the other GPU's
+    closed loops within a median 9.1-13.0 % (docs/gpu-closed-loop.md "Run 19", "Run 20")."""
     def wider(step: StepTimeParams) -> StepTimeParams:
         return dataclasses.replace(step, timing_rms_rel=max(step.timing_rms_rel, PROFILE_TRANSFER_TIMING_REL))
 
@@ -204,7 +204,7 @@ def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> Measure
         profile, name=f"{profile.name} → {gpu.name}", step_time=wider(profile.step_time),
         drafters=tuple((name, wider(step)) for name, step in profile.drafters), applied_to=gpu.name,
         behaviour=(f"measured on {profile.gpu}, applied to {gpu.name}'s bandwidth and FLOP/s (carried between "
-                   "the H100 and the H200 such a profile came within a median 13-14 %): calibrate on this GPU",
+                   "the H100 and the H200 such a profile came within a median 9-13 %): calibrate on this GPU",
                    *profile.behaviour))
 
 

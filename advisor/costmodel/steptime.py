@@ -51,6 +51,8 @@ def kv_read_cost_per_byte(gpu: GpuSpec, kv_cache_dtype: str) -> float:
     if kv_cache_dtype == "fp8":
         return FP8_KV_READ_COST_PER_BYTE_BY_GPU.get(gpu.name, KV_READ_COST_PER_BYTE["fp8"])
     return KV_READ_COST_PER_BYTE[kv_cache_dtype]
+
+
 ALLREDUCE_LATENCY_S = 8e-6  # NCCL small-message all-reduce latency within a node (NCCL tests, 8×H100)
 
 
