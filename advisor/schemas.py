@@ -310,6 +310,30 @@ class AnswerSchema(Schema):
                        "(the GPU's own profile did not time that drafter)."})
 
 
+class EngineProfileQuerySchema(StrictSchema):
+    gpu = fields.String(validate=validate.Length(min=1, max=64), metadata={
+        "description": "A catalog GPU: the profile that times it (its own, or one carried to it) for each version."})
+    vllm_version = fields.String(validate=VLLM_VERSION, metadata={"description": "e.g. 0.24 (major.minor counts)."})
+
+
+class EngineProfileSchema(Schema):
+    name = fields.String(metadata={"description": "e.g. 'H200-SXM × vLLM 0.24', or '… → A100-80GB-SXM' carried."})
+    gpu = fields.String(metadata={"description": "The GPU it was measured on."})
+    applied_to = fields.String(metadata={"description": "The GPU it times (another one when carried)."})
+    vllm_version = fields.String()
+    behaviour = fields.List(fields.String(), metadata={"description": "What that vLLM does there, in words."})
+    drafters = fields.List(fields.String(), metadata={"description": "Drafters whose engines it times."})
+    drafters_carried = fields.Dict(keys=fields.String(), values=fields.String(), metadata={
+        "description": "Drafter -> the other GPU's profile that timed it, carried here."})
+    source = fields.String(metadata={"description": "The runs and records it was fitted from."})
+    max_batch_measured = fields.Integer()
+    step_time = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={
+        "description": "The fit: fixed_overhead_ms, bandwidth_efficiency, compute_efficiency, verify_overhead_ms, "
+                       "proposer_overhead_ms, ragged_step_ms, timing_rms_rel."})
+    prefill = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={
+        "description": "The prefill fit: fixed_overhead_ms, compute_efficiency."})
+
+
 class RecommendationSchema(AnswerSchema):
     id = fields.Integer()
     created_at = fields.DateTime()

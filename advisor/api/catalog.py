@@ -1,4 +1,4 @@
-"""/v1/gpus and /v1/models: the catalogs; reads are open, writes need a token."""
+"""/v1/gpus, /v1/models and /v1/engine-profiles: the catalogs; reads are open, writes need a token."""
 from __future__ import annotations
 
 from flask.views import MethodView
@@ -6,7 +6,8 @@ from marshmallow import fields, validate
 
 from ..auth import token_required
 from ..models import Gpu, Model
-from ..schemas import MODEL_KINDS, GpuSchema, ModelImportFilesSchema, ModelImportSchema, ModelSchema, StrictSchema
+from ..schemas import (MODEL_KINDS, EngineProfileQuerySchema, EngineProfileSchema, GpuSchema, ModelImportFilesSchema,
+                       ModelImportSchema, ModelSchema, StrictSchema)
 from ..services import catalog as service
 from . import Blueprint
 
@@ -87,3 +88,13 @@ class ModelByName(MethodView):
     def put(self, values, name):
         """Change a model's fields (token)."""
         return service.update(service.get_model(name), values)
+
+
+@blp.route("/engine-profiles")
+class EngineProfiles(MethodView):
+    @blp.arguments(EngineProfileQuerySchema, location="query")
+    @blp.response(200, EngineProfileSchema(many=True))
+    def get(self, args):
+        """The measured GPU × vLLM engine profiles that ship; with ``gpu``, the one that times that GPU for each
+        version (its own, or the nearest measured GPU's carried to it), as a scenario naming that version gets it."""
+        return service.list_engine_profiles(**args)

@@ -640,7 +640,7 @@ def _infeasible(ctx: Context, mem: MemoryReport, checks: list) -> dict[str, Any]
         "checks": [i.to_dict() for i in checks], "sources": dict(ctx.catalog_sources),
         "cost_model_version": COST_MODEL_VERSION,
         "calibration_run_id": ctx.calibration.run_id if ctx.calibration is not None else None,
-        "engine_profile": _profile_dict(ctx.profile),
+        "engine_profile": profile_summary(ctx.profile),
     }
     answer["provenance"] = {"decision": f"catalog:{ctx.target.name}", "reasons": f"catalog:{ctx.target.name}",
                             "memory.usable_gb": "input" if s.vram_gb is not None else f"catalog:{ctx.gpu.name}",
@@ -802,7 +802,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
         "sources": dict(ctx.catalog_sources),  # catalog row → its datasheet / config.json source
         "cost_model_version": COST_MODEL_VERSION,
         "calibration_run_id": ctx.calibration.run_id if ctx.calibration is not None else None,
-        "engine_profile": _profile_dict(ctx.profile),
+        "engine_profile": profile_summary(ctx.profile),
     }
     answer["provenance"] = _provenance(ctx, answer, acc_source, conc_source)
     return answer
@@ -856,7 +856,8 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
     return out
 
 
-def _profile_dict(profile: MeasuredEngineProfile | None) -> dict[str, Any] | None:
+def profile_summary(profile: MeasuredEngineProfile | None) -> dict[str, Any] | None:
+    """What an answer says of the profile that timed it (``engine_profile``), and ``GET /v1/engine-profiles``."""
     if profile is None:
         return None
     return {"name": profile.name, "gpu": profile.gpu, "applied_to": profile.applied_to or profile.gpu,

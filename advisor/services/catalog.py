@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from .. import costmodel
+from ..costmodel.types import minor_version
 from ..errors import ApiError, field_error, find_unstorable, loads_bounded
 from ..extensions import db
 from ..models import Gpu, Model
@@ -125,6 +126,30 @@ def engine_profile_for(gpu: costmodel.GpuSpec, vllm_version: str | None) -> cost
     """The shipped profile that times ``gpu`` × ``vllm_version``: its own, else that version's carried to it from
     the nearest measured GPU (:func:`advisor.costmodel.matching_profile`), else None."""
     return costmodel.matching_profile(engine_profiles(), gpu, vllm_version, _profiled_gpus())
+
+
+def engine_profile_view(profile: costmodel.MeasuredEngineProfile) -> dict[str, Any]:
+    """A profile as ``GET /v1/engine-profiles`` shows it: what an answer says of it, and its measured timing."""
+    step, pre = profile.step_time, profile.prefill
+    return {**costmodel.profile_summary(profile), "max_batch_measured": profile.max_batch_measured,
+            "step_time": {"fixed_overhead_ms": 1e3 * step.fixed_overhead_s,
+                          "bandwidth_efficiency": step.bandwidth_efficiency,
+                          "compute_efficiency": step.compute_efficiency,
+                          "verify_overhead_ms": 1e3 * step.verify_overhead_s,
+                          "proposer_overhead_ms": 1e3 * step.proposer_overhead_s,
+                          "ragged_step_ms": 1e3 * step.ragged_step_s, "timing_rms_rel": step.timing_rms_rel},
+            "prefill": {"fixed_overhead_ms": 1e3 * pre.fixed_overhead_s, "compute_efficiency": pre.compute_efficiency}}
+
+
+def list_engine_profiles(gpu: str | None = None, vllm_version: str | None = None) -> list[dict[str, Any]]:
+    """The shipped profiles (of ``vllm_version``); with ``gpu``, the one that times that catalog GPU for each shipped
+    version (its own, or one carried to it), as an answer naming that version gets it."""
+    if gpu is None:
+        wanted = minor_version(vllm_version)
+        return [engine_profile_view(p) for p in engine_profiles() if wanted in (None, p.vllm_version)]
+    spec = gpu_spec(require_gpu(gpu))
+    versions = [vllm_version] if vllm_version else sorted({p.vllm_version for p in engine_profiles()})
+    return [engine_profile_view(p) for p in (engine_profile_for(spec, v) for v in versions) if p is not None]
 
 
 HEAD_METHODS = {"eagle_head": "eagle", "eagle3_head": "eagle3", "mtp_head": "mtp"}
