@@ -196,7 +196,7 @@ def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> Measure
     """``profile`` applied to ``gpu``: its efficiencies and per-step overheads priced on that GPU's bandwidth and
     FLOP/s (the step-time model does that with any GPU's specs), its timing spread at least
     ``PROFILE_TRANSFER_TIMING_REL``. Between the H100 and the H200 a profile so carried predicted the other GPU's
-    closed loops within a median 9.1-13.0 % (docs/gpu-closed-loop.md "Run 19", "Run 20")."""
+    closed loops within a median 9.1-12.8 % (docs/gpu-closed-loop.md "Run 19", "Run 20")."""
     def wider(step: StepTimeParams) -> StepTimeParams:
         return dataclasses.replace(step, timing_rms_rel=max(step.timing_rms_rel, PROFILE_TRANSFER_TIMING_REL))
 
