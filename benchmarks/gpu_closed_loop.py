@@ -703,7 +703,8 @@ def without_floor(step) -> dict:  # noqa: ANN001
     """A fit's parameters as a profile ships them: without the floor of steps that draft in part (``ragged_step_s``).
     Fitted on the 8B shape's engine (the H100's: 11.0 ms), a profile's floor prices SmolLM2-135M's n-gram on real
     text 58-66 % off on the H200's real-weight leases, 2-5 of 9 intervals covering and a "no-go" measured 1.01x;
-    without it 19-32 %, 9 of 9, no wrong verdict (docs/gpu-closed-loop.md "Run 20"). A calibration of the user's own target keeps its floor."""
+    without it 19-32 %, 9 of 9, no wrong verdict (docs/gpu-closed-loop.md "Run 20"). A calibration of the user's
+    own target keeps its floor."""
     return dataclasses.replace(step, ragged_step_s=0.0).to_dict()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from jinja2 import ChainableUndefined, Environment, PackageLoader, Undefined, select_autoescape
 from markupsafe import Markup
@@ -230,6 +231,19 @@ def recommendation_plots(rec: dict[str, Any]) -> list[tuple[str, Markup]]:
     ]
 
 
+def _engine_profile(rec: dict[str, Any]) -> dict[str, str] | None:
+    """The measured GPU × vLLM profile that timed an answer (``engine_profile``): its name, where to read it
+    (``GET /v1/engine-profiles`` for that GPU and version), and the drafters it carries from another profile."""
+    profile = rec.get("engine_profile")
+    if not isinstance(profile, dict) or not profile.get("name"):
+        return None
+    carried = profile.get("drafters_carried") if isinstance(profile.get("drafters_carried"), dict) else {}
+    query = urlencode({"gpu": profile.get("applied_to") or profile.get("gpu") or "",
+                       "vllm_version": profile.get("vllm_version") or ""})
+    return {"name": fmt(profile["name"]), "href": f"/v1/engine-profiles?{query}",
+            "carried": "; ".join(f"{fmt(name)} from {fmt(origin)}" for name, origin in carried.items())}
+
+
 def recommendation_page(rec: dict[str, Any]) -> str:
     text, css = verdict(rec.get("decision"))
     columns, method_rows = _methods_table(rec.get("methods"))
@@ -242,6 +256,7 @@ def recommendation_page(rec: dict[str, Any]) -> str:
         rec=rec,
         # an acceptance run priced with another run's timing (services.calibrations.calibration_for)
         timing_run=timing_run if timing_run != str(rec.get("calibration_run_id")) else None,
+        profile=_engine_profile(rec),
         title=title_of(rec),
         verdict_text=text,
         verdict_class=css,

@@ -1557,8 +1557,9 @@ def test_profiles_ship_without_the_floor_of_steps_that_draft_in_part(monkeypatch
     (``ragged_step_s``) does not carry from the 8B shape it was fitted on. The H100's calibrations fit 11.0 ms; with
     it, the H200's profile prices SmolLM2-135M's n-gram on real text (the four real-weight measurements, each with
     its lease's acceptance) 58-66 % off, 2-5 of 9 intervals covering, and one "no-go" was measured faster than no
-    speculation (rag-b1, 1.01x). As shipped, without it: 19-32 %, every interval covering, no wrong verdict. So profiles ship
-    without it (``gpu_closed_loop.without_floor``); a calibration of the user's own target keeps its own."""
+    speculation (rag-b1, 1.01x). As shipped, without it: 19-32 %, every interval covering, no wrong verdict. So
+    profiles ship without it (``gpu_closed_loop.without_floor``); a calibration of the user's own target keeps its
+    own."""
     from advisor.services.catalog import engine_profiles
     from benchmarks import closed_loop as cl
 

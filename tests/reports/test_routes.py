@@ -237,3 +237,21 @@ def test_calibration_report_says_how_far_the_host_cores_speed_moved(app, client)
     row = html.split('<table id="measurements">')[1].split("</table>")[0]
     assert "host_speed" in row and len(row) < 4000, len(row)
     assert "host_speed" in html.split("<figcaption>")[-1][:40] and svg_count(html) == 2  # + the residuals
+
+
+def test_report_names_the_measured_profile_that_timed_the_answer(client):
+    """An answer timed by a shipped profile (no calibration run) says so on its page, links to the profile that
+    times its GPU, and lists the drafters carried from another GPU's profile; one without says catalog and priors."""
+    body = example_scenario(gpu="H100-SXM", vllm_version="0.24",
+                            speculator={"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"})
+    answer = post(client, body)
+    html = get_html(client, f"/v1/recommendations/{answer['id']}/report")
+    meta = html.split('<div class="meta">')[1].split("</div>")[0]
+    assert ('no calibration run; timing from the measured profile <a id="engine-profile" '
+            'href="/v1/engine-profiles?gpu=H100-SXM&amp;vllm_version=0.24">H100-SXM × vLLM 0.24</a>') in meta
+    assert "(drafters carried: eagle-llama-3.1-8b from H200-SXM × vLLM 0.24 → H100-SXM; eagle3-llama-3.1-8b" in meta
+    (profile,) = client.get("/v1/engine-profiles?gpu=H100-SXM&vllm_version=0.24").get_json()
+    assert profile["name"] == answer["engine_profile"]["name"]
+    plain = post(client, {**body, "vllm_version": None})
+    html = get_html(client, f"/v1/recommendations/{plain['id']}/report")
+    assert "no calibration run (catalog and priors)" in html and 'id="engine-profile"' not in html
