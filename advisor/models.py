@@ -172,6 +172,8 @@ class Recommendation(Timestamped, db.Model):
     tpot_ms_speculative: Mapped[float | None]
     usd_per_million_output_tokens_baseline: Mapped[float | None]
     usd_per_million_output_tokens_speculative: Mapped[float | None]
+    # where the answer's timing came from: "calibration:<id>", "profile:<GPU × vLLM …>" or "default" (migration 0007)
+    timing_source: Mapped[str | None] = mapped_column(sa.String(160))
     # The list entry of this row without its id, as JSON text written at INSERT: a list joins stored texts.
     summary: Mapped[str] = mapped_column(sa.Text, deferred=True)
     inputs: Mapped[dict[str, Any]] = mapped_column(sa.JSON, deferred=True)

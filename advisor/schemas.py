@@ -364,6 +364,9 @@ class RecommendationSummarySchema(Schema):
     usd_per_million_output_tokens_speculative = Float(allow_none=True)
     calibration_run_id = fields.Integer(allow_none=True)
     cost_model_version = fields.String()
+    timing_source = fields.String(allow_none=True, metadata={
+        "description": "Where the timing came from: calibration:<id>, profile:<GPU × vLLM version> (a measured "
+                       "engine profile, '→ GPU' when carried to another) or default (the catalog)."})
 
     def dump(self, obj: Any, *, many: bool | None = None) -> Any:
         """Rows of the summary columns are already typed by the database: a dict per row, with the time in ISO

@@ -1,6 +1,7 @@
 """Alembic owns the schema: upgrade -> downgrade -> upgrade on SQLite and PostgreSQL, and no drift."""
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -75,8 +76,37 @@ def test_summary_text_backfill_matches_what_insert_writes(empty_engine, tmp_path
     assert "summary" not in {c["name"] for c in sa.inspect(empty_engine).get_columns("recommendations")}
     upgrade(empty_engine)
     backfilled = client.get("/v1/recommendations").json
-    assert len(backfilled) == 2 and backfilled == written
+    assert len(backfilled) == 2 and backfilled == written  # 0007 appends timing_source from each stored answer
+    assert [r["timing_source"] for r in written] == ["default", "default"]
     assert isinstance(written[0]["concurrency"], float) and written[0]["created_at"].endswith("+00:00")
+    with app.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+def test_timing_source_is_backfilled_from_each_stored_answer(empty_engine, tmp_path):
+    """0007 adds ``timing_source`` and appends it to each stored list entry, from the answer's provenance (here a
+    measured profile's); its downgrade takes both away again, and the list is what it was before 0007."""
+    from advisor import create_app
+    from tests.conftest import example_scenario
+
+    url = empty_engine.url.render_as_string(hide_password=False)
+    app = create_app({"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "INSTANCE_PATH": str(tmp_path)})
+    client = app.test_client()
+    for version in ("0.24", None):
+        assert client.post("/v1/recommendations", json=example_scenario(vllm_version=version)).status_code == 201
+    written = client.get("/v1/recommendations").json
+    assert [r["timing_source"] for r in written] == ["default", "profile:H100-SXM × vLLM 0.24"]
+    with app.app_context():
+        db.session.remove()
+    downgrade(empty_engine, "0006")
+    assert "timing_source" not in {c["name"] for c in sa.inspect(empty_engine).get_columns("recommendations")}
+    with empty_engine.connect() as conn:
+        summaries = conn.execute(sa.text("SELECT summary FROM recommendations ORDER BY id DESC")).scalars().all()
+    assert [json.loads(text) for text in summaries] == [{k: v for k, v in r.items() if k not in ("id", "timing_source")}
+                                                        for r in written]
+    upgrade(empty_engine)
+    assert client.get("/v1/recommendations").json == written
     with app.app_context():
         db.session.remove()
         db.engine.dispose()

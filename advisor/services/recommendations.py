@@ -131,7 +131,8 @@ def summary_columns(scenario: dict[str, Any], answer: dict[str, Any]) -> dict[st
             "num_speculative_tokens": answer.get("num_speculative_tokens"),
             "tpot_ms_baseline": tpot.get("baseline"), "tpot_ms_speculative": tpot.get("speculative"),
             "usd_per_million_output_tokens_baseline": usd.get("baseline"),
-            "usd_per_million_output_tokens_speculative": usd.get("speculative")}
+            "usd_per_million_output_tokens_speculative": usd.get("speculative"),
+            "timing_source": (answer.get("provenance") or {}).get("tpot_ms.baseline")}
 
 
 def create(data: dict[str, Any]) -> dict[str, Any]:
@@ -390,7 +391,7 @@ EXPORT_COLUMNS = (
     "id", "created_at", "gpu", "gpu_count", "target_model", "method", "draft_model", "structure", "concurrency",
     "decision", "speedup_expected", "speedup_low", "speedup_high", "num_speculative_tokens",
     "tpot_ms_baseline", "tpot_ms_speculative", "usd_per_million_output_tokens_baseline",
-    "usd_per_million_output_tokens_speculative", "calibration_run_id", "cost_model_version",
+    "usd_per_million_output_tokens_speculative", "calibration_run_id", "cost_model_version", "timing_source",
 )
 _SUMMARY_SELECT = tuple(Recommendation.expected_speedup.label(c) if c == "speedup_expected"
                         else getattr(Recommendation, c) for c in EXPORT_COLUMNS)

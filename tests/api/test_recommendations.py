@@ -184,6 +184,24 @@ def test_export_csv_has_the_documented_columns(client):
     assert len(as_json) == 2 and set(as_json[0]) == set(EXPORT_COLUMNS)
 
 
+def test_lists_and_exports_say_where_the_timing_came_from(client):
+    """``timing_source`` (column 21): the catalog's defaults, or the measured profile a scenario naming its vLLM
+    version was timed by (its own GPU's, or carried), as the answer's provenance says; in the list, the JSON
+    export and the CSV alike. An empty calibration_run_id no longer reads as "catalog and priors" for both."""
+    ids = {name: post(client, example_scenario(gpu=gpu, vllm_version=version)).get_json()["id"]
+           for name, gpu, version in (("default", "H100-SXM", None), ("own", "H100-SXM", "0.24"),
+                                      ("carried", "L40S", "0.24.1"))}
+    want = {ids["default"]: "default", ids["own"]: "profile:H100-SXM × vLLM 0.24",
+            ids["carried"]: "profile:H100-SXM × vLLM 0.24 → L40S"}
+    listed = {r["id"]: r["timing_source"] for r in client.get("/v1/recommendations").get_json()}
+    exported = {r["id"]: r["timing_source"] for r in client.get("/v1/recommendations/export?format=json").get_json()}
+    rows = csv.DictReader(io.StringIO(client.get("/v1/recommendations/export?format=csv").get_data(as_text=True)))
+    assert listed == exported == {int(r["id"]): r["timing_source"] for r in rows} == want
+    for rec_id, source in want.items():
+        answer = client.get(f"/v1/recommendations/{rec_id}").get_json()
+        assert answer["provenance"]["tpot_ms.baseline"] == source and answer["calibration_run_id"] is None
+
+
 def test_unknown_recommendation_is_404_in_the_envelope(client):
     response = client.get("/v1/recommendations/424242")
     assert response.status_code == 404
