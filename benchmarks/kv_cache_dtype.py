@@ -11,7 +11,7 @@ kv-fp8`` runs these)::
     python -m benchmarks.gpu_closed_loop calibrate --workdir /tmp/kv-fp8 $S --set 'kv_cache_dtype="fp8"'
 
 ``analyze`` (CPU) compares vLLM's KV-cache tokens with the cost model's bytes per token, and each decode step
-with the fit of the lease's calibrations alone (``--before``; on the H200 run 1's, the profile before run 12: its
+with the fit of the lease's calibrations alone (``BEFORE``; on the H200 run 1's, the profile before run 12: its
 decode steps ran at a 128-token context, where the bandwidth efficiency and the per-step overhead cannot be told
 apart) and with the profile the product prices that GPU by, whose calibrations take these bf16 long-context steps
 too (``gpu_closed_loop profile --extra-records``).

@@ -122,9 +122,11 @@ def _profiled_gpus() -> dict[str, costmodel.GpuSpec]:
     return {g["name"]: costmodel.GpuSpec.from_dict(g) for g in catalog_items("gpus") if g["name"] in names}
 
 
+@lru_cache(maxsize=256)
 def engine_profile_for(gpu: costmodel.GpuSpec, vllm_version: str | None) -> costmodel.MeasuredEngineProfile | None:
     """The shipped profile that times ``gpu`` × ``vllm_version``: its own, else that version's carried to it from
-    the nearest measured GPU (:func:`advisor.costmodel.matching_profile`), else None."""
+    the nearest measured GPU (:func:`advisor.costmodel.matching_profile`), else None. Cached by the GPU's specs (an
+    edited catalog row is another key): carrying profiles is 20-45 µs that every POST naming a version paid."""
     return costmodel.matching_profile(engine_profiles(), gpu, vllm_version, _profiled_gpus())
 
 
