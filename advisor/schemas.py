@@ -302,12 +302,14 @@ class AnswerSchema(Schema):
     cost_model_version = fields.String()
     calibration_run_id = fields.Integer(allow_none=True)
     engine_profile = fields.Dict(allow_none=True, metadata={
-        "description": "{name, gpu, applied_to, vllm_version, behaviour, drafters, drafters_carried, source}: the "
-                       "measured GPU × vLLM profile the timing came from (scenario.vllm_version), or null. gpu is "
-                       "where it was measured; applied_to the scenario's GPU (another one when no profile of its own "
-                       "ships and one of that version was carried to it from the GPU nearest in bandwidth). "
-                       "drafters_carried: drafter -> the profile of another GPU that timed it, carried to this one "
-                       "(the GPU's own profile did not time that drafter)."})
+        "description": "{name, gpu, applied_to, vllm_version, behaviour, drafters, drafters_carried, "
+                       "drafters_stand_in, drafter_methods, source}: the measured GPU × vLLM profile the timing came "
+                       "from (scenario.vllm_version), or null. gpu is where it was measured; applied_to the "
+                       "scenario's GPU (another one when no profile of its own ships and one of that version was "
+                       "carried to it from the GPU nearest in bandwidth). drafters_carried: drafter -> the profile of "
+                       "another GPU that timed it, carried to this one (the GPU's own profile did not time that "
+                       "drafter). drafters_stand_in: drafter -> the timed drafter of the same method whose engine fit "
+                       "prices it (no profile timed it). drafter_methods: drafter -> vLLM's speculative method."})
 
 
 class EngineProfileQuerySchema(StrictSchema):
@@ -325,6 +327,12 @@ class EngineProfileSchema(Schema):
     drafters = fields.List(fields.String(), metadata={"description": "Drafters whose engines it times."})
     drafters_carried = fields.Dict(keys=fields.String(), values=fields.String(), metadata={
         "description": "Drafter -> the other GPU's profile that timed it, carried here."})
+    drafters_stand_in = fields.Dict(keys=fields.String(), values=fields.String(), metadata={
+        "description": "Empty here: an answer lists the drafter the profile did not time and the timed one of its "
+                       "method whose fit prices it."})
+    drafter_methods = fields.Dict(keys=fields.String(), values=fields.String(), metadata={
+        "description": "Drafter -> vLLM's speculative method (draft_model, eagle, eagle3): a drafter no profile timed "
+                       "is priced by the fit of the first drafter of its method here."})
     source = fields.String(metadata={"description": "The runs and records it was fitted from."})
     max_batch_measured = fields.Integer()
     step_time = fields.Dict(keys=fields.String(), values=fields.Float(), metadata={

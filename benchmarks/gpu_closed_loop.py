@@ -101,12 +101,12 @@ def _gpu_rows() -> tuple[dict, ...]:
     return tuple(json.loads((DATA_DIR / "gpus.json").read_text())["items"])
 
 
-def catalog_specs(drafter: str = DRAFT, gpu_name: str = GPU):
+def catalog_specs(drafter: str = DRAFT, gpu_name: str = GPU, target: str = TARGET):
     """(the catalog GPU ``gpu_name``, target, drafter) as the cost model's specs, from the packaged catalog."""
     from advisor.costmodel import GpuSpec, ModelSpec
 
     gpu = next(g for g in _gpu_rows() if g["name"] == gpu_name)
-    return GpuSpec.from_dict(gpu), ModelSpec.from_dict(catalog_row(TARGET)), ModelSpec.from_dict(catalog_row(drafter))
+    return GpuSpec.from_dict(gpu), ModelSpec.from_dict(catalog_row(target)), ModelSpec.from_dict(catalog_row(drafter))
 
 
 def catalog_gpu(detected: str | None) -> str:
@@ -133,22 +133,32 @@ def run_gpu(workdir: Path) -> str:
     return catalog_gpu(detected)
 
 
-def shapes(workdir: Path, drafter: str = DRAFT) -> tuple[str, str]:
+def shapes(workdir: Path, drafter: str = DRAFT, target: str = TARGET) -> tuple[str, str]:
     """Config-only checkpoints of the target's and the drafter's shapes (the drafter's directory is its catalog
     name: :func:`run_drafter` reads it back from the records)."""
     from calibration.models import write_shape
 
-    return (str(write_shape(catalog_row(TARGET), workdir / "shapes" / TARGET)),
+    return (str(write_shape(catalog_row(target), workdir / "shapes" / target)),
             str(write_shape(catalog_row(drafter), workdir / "shapes" / drafter)))
 
 
 def run_drafter(records: list[dict]) -> str:
     """The catalog name of the model drafter a run timed (its shape directory's name), or the default one."""
-    for r in records:
-        spec = r["params"]["engine"].get("speculative_config") or {}
-        if spec.get("method") in MODEL_DRAFTER_METHODS.values() and spec.get("model"):
+    return _model_drafter([r["params"]["engine"].get("speculative_config") for r in records]) or DRAFT
+
+
+def _model_drafter(speculative_configs: list[dict | None]) -> str | None:
+    for spec in speculative_configs:
+        if (spec or {}).get("method") in MODEL_DRAFTER_METHODS.values() and spec.get("model"):
             return Path(spec["model"]).name
-    return DRAFT
+    return None
+
+
+def measured_models(rows: list[dict], records: list[dict]) -> tuple[str, str]:
+    """(target, model drafter) of a measurement: its rows' (``target``, kept since 2026-12-05; the drafter's shape
+    directory), else the calibration's (every earlier measurement timed the calibration's models)."""
+    target = next((r["target"] for r in rows if r.get("target")), TARGET)
+    return target, _model_drafter([r.get("speculative_config") for r in rows]) or run_drafter(records)
 
 
 def gpu_probe_config(target: str, draft: str, tensor_parallel_size: int = 1, drafter: str = DRAFT,
@@ -314,7 +324,8 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                                        "num_accepted_tokens": d.num_accepted_tokens,
                                        "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
                                        "iteration_tokens": d.iteration_tokens})
-                    row = {"engine": label, "method": case.method, "k": case.k, "acceptance": acc,
+                    row = {"engine": label, "target": Path(target).name, "method": case.method, "k": case.k,
+                           "acceptance": acc,
                            "tensor_parallel_size": tp, "quantization": quantization,
                            "batch_size": b, "prompt_tokens": prompt_tokens, "output_tokens": OUTPUT_TOKENS,
                            "startup_s": startup, "speculative_config": spec, "rounds": rounds,
@@ -329,9 +340,10 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
 
 def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
             quantization: str | None = None, prompt_tokens: int = PROMPT_TOKENS,
-            batch_sizes: tuple[int, ...] = BATCH_SIZES) -> int:
+            batch_sizes: tuple[int, ...] = BATCH_SIZES, target_name: str = TARGET) -> int:
     """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
-    process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time."""
+    process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time. ``target_name``:
+    the catalog target whose shape is served (another than the calibration's: priced by a profile, not by it)."""
     from calibration.probes import HeldProcess, gpu_memory_bytes
 
     out = workdir / "measurements.jsonl"
@@ -345,14 +357,15 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: 
                 if all(by.get(lbl, set()) >= set(batch_sizes)
                        for lbl in ([c.label] if not c.method else [f"{c.label}-a{a:g}" for a in c.acceptances]))}
     todo = [c for c in engine_cases(drafter) if c.label not in done and not (only and c.label not in only)]
-    target, draft = shapes(workdir, drafter)
+    target, draft = shapes(workdir, drafter, target_name)
     cfg = measure_config(target, draft, tp, quantization, prompt_tokens, batch_sizes)
     status = 0
     for group in measure_groups(todo, cfg, target, draft, gpu_memory_bytes()):
         t0 = time.perf_counter()
         procs = [HeldProcess([sys.executable, "-m", "benchmarks.gpu_closed_loop", "_engine", "--workdir",
                               str(workdir), "--case", json.dumps(dataclasses.asdict(c)), "--tp", str(tp),
-                              "--held", str(len(group)), "--drafter", drafter, "--prompt-tokens", str(prompt_tokens),
+                              "--held", str(len(group)), "--drafter", drafter, "--target", target_name,
+                              "--prompt-tokens", str(prompt_tokens),
                               "--batch-sizes", ",".join(map(str, batch_sizes))]
                              + (["--quantization", quantization] if quantization else []), c.label) for c in group]
         try:
@@ -606,12 +619,16 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
     from advisor.costmodel import predict
     from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
-    gpu, target, draft = catalog_specs(run_drafter(records), run_gpu(workdir))
-    cal, results = build_gpu_calibration(records, gpu, target, draft)
+    rows = measurement_rows(workdir)
+    target_name, drafter = measured_models(rows, records)
+    cal, results = build_gpu_calibration(records, *catalog_specs(run_drafter(records), run_gpu(workdir)))
+    if target_name != TARGET and not (profile or uncalibrated):
+        raise ValueError(f"the calibration timed {TARGET}; a measurement of {target_name} is priced by a profile "
+                         "(--profile) or the defaults (--uncalibrated)")
+    gpu, target, draft = catalog_specs(drafter, run_gpu(workdir), target_name)
     if adjust is not None:
         cal = adjust(cal)
     tp = tensor_parallel_size(records)
-    rows = measurement_rows(workdir)
     base = {r["batch_size"]: _decode_s(r) for r in rows if r["engine"] == "baseline"}
     measured = measured_speedups(workdir)
     base_request = {r["batch_size"]: _request_decode_s(r) for r in rows if r["engine"] == "baseline"}
@@ -627,7 +644,7 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
         k, a = r["k"], r["acceptance"]
         copy = r["method"] == "ngram"
         scen = Scenario(
-            gpu=gpu.name, target_model=TARGET,
+            gpu=gpu.name, target_model=target.name,
             speculator=Speculator(r["method"], None if copy else draft.name, k),
             workload=Workload(r["prompt_tokens"], r["output_tokens"], 0.0, "code", concurrency=r["batch_size"]),
             gpu_count=tp,
@@ -735,6 +752,7 @@ def profile_entry(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, 
     else:
         profile = dict(old)
     profile["drafters"] = {**(old or {}).get("drafters", {}), drafter: without_floor(cal.step_time[drafter])}
+    profile["drafter_methods"] = {**(old or {}).get("drafter_methods", {}), drafter: drafter_method(drafter)}
     profile["drafter_sources"] = {**(old or {}).get("drafter_sources", {}), drafter: source}
     return profile
 
@@ -820,6 +838,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="measure: the prompts' length (e.g. 4096: every step reads a long KV cache)")
     parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)),
                         help="measure: the batch sizes, comma separated")
+    parser.add_argument("--target", default=TARGET,
+                        help="measure: the catalog target whose shape is served (another than the calibration's "
+                             "8B is priced by --profile or --uncalibrated)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
@@ -856,9 +877,9 @@ def main(args: argparse.Namespace) -> int:
                          args.second_cycle_k, **variant)
     if args.phase == "measure":
         return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
-                       args.quantization, args.prompt_tokens, batch_sizes(args.batch_sizes))
+                       args.quantization, args.prompt_tokens, batch_sizes(args.batch_sizes), args.target)
     if args.phase == "_engine":
-        target, draft = shapes(args.workdir, args.drafter)
+        target, draft = shapes(args.workdir, args.drafter, args.target)
         case = json.loads(args.case)
         _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
                         args.workdir / "measurements.jsonl", args.tp, args.held, args.quantization,

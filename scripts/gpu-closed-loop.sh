@@ -8,7 +8,8 @@
 # SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration; CYCLE_TOKENS=128 times whole cycles over
 # generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine; QUANT=fp8 quantizes the
 # target in every engine (calibrate and measure; the drafter stays bf16). PROMPT_TOKENS=4096 BATCHES=1,4,16,64 measure
-# at that prompt length and those batch sizes (a long context: every step reads a long KV cache).
+# at that prompt length and those batch sizes (a long context: every step reads a long KV cache). TARGET_MODEL=qwen3-32b
+# measures that catalog target's shape (with DRAFTER=qwen3-0.6b: a drafter of its vocabulary), priced by a profile.
 # Phases kv-auto, kv-fp8: the plan's target engine alone at an 8k context, decode at B = 1, 8, 32, with that KV-cache
 # dtype (benchmarks/kv_cache_dtype.py; the long steps split a profile's per-step overhead from its HBM efficiency).
 # On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
@@ -31,6 +32,7 @@ for arg in "$@"; do
                [ -n "${VERIFY_PER_K:-}" ] && cmd+=(--verify-per-k)
                [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT") ;;
     measure) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY")
+             [ -n "${TARGET_MODEL:-}" ] && cmd+=(--target "$TARGET_MODEL")
              [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT")
              [ -n "${PROMPT_TOKENS:-}" ] && cmd+=(--prompt-tokens "$PROMPT_TOKENS")
              [ -n "${BATCHES:-}" ] && cmd+=(--batch-sizes "$BATCHES") ;;

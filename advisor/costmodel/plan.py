@@ -76,10 +76,11 @@ class GpuOffer:
         """(target, drafter) step-time parameters of this GPU's engine speculating with ``drafter`` by ``method``,
         as ``predict`` takes them: a profile's fit of that drafter's engine for both; on a profile that did not
         time it, the drafter's uncalibrated prior (``default_drafter_step``, as ``predict``'s: the profile's main
-        fit carries another drafter's per-forward cost); else the offer's own (calibrated or default) for both."""
+        fit carries another drafter's per-forward cost) unless it timed one of the same method (its stand-in:
+        ``MeasuredEngineProfile.with_stand_in``); else the offer's own (calibrated or default) for both."""
         if self.profile is None or drafter is None:
             return self.step, self.step
-        timed = self.profile.drafter_step(drafter.name)
+        timed = self.profile.with_stand_in(drafter.name, method).drafter_step(drafter.name)
         return (timed, timed) if timed is not None else (self.step, default_drafter_step(self.gpu, "vllm", method))
 
 

@@ -181,15 +181,19 @@ def with_carried_drafters(own: MeasuredEngineProfile, carried: list[MeasuredEngi
     timed = {name for name, _ in own.drafters}
     extra: list[tuple[str, StepTimeParams]] = []
     origins: list[tuple[str, str]] = []
+    methods: list[tuple[str, str]] = []
     for profile in carried:
+        method_of = dict(profile.drafter_methods)
         for name, step in profile.drafters:
             if name not in timed:
                 timed.add(name)
                 extra.append((name, step))
                 origins.append((name, profile.name))
+                methods += [(name, method_of[name])] if name in method_of else []
     if not extra:
         return own
-    return dataclasses.replace(own, drafters=(*own.drafters, *extra), drafter_origins=tuple(origins))
+    return dataclasses.replace(own, drafters=(*own.drafters, *extra), drafter_origins=tuple(origins),
+                               drafter_methods=(*own.drafter_methods, *methods))
 
 
 def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> MeasuredEngineProfile:
@@ -291,13 +295,22 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration, profile)
     own_step = t_step
     d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
-    timed = profile.drafter_step(draft.name) if step_source.startswith("profile") and draft is not None else None
+    timed = None
+    if step_source.startswith("profile") and draft is not None:
+        profile = profile.with_stand_in(draft.name, method)
+        timed = profile.drafter_step(draft.name)
     spec_step_source = None
     if timed is not None:  # the profile timed this drafter's engine (or carries another GPU's fit of it)
         d_step, d_pre, d_source = timed, t_pre, step_source
         origin = profile.drafter_origin(draft.name)
+        stand_in = dict(profile.drafter_stand_ins).get(draft.name)
         if origin is not None:
             spec_step_source = f"profile:{origin}"
+        if stand_in is not None:
+            notes += (f"no profile timed cycles of {draft.name}: its engine is priced by the fit of {stand_in}, the "
+                      f"same method ({method}) on vLLM {profile.vllm_version}'s same engine path, at {draft.name}'s "
+                      f"size, timed by {origin or profile.name}",)
+        elif origin is not None:
             notes += (f"the profile {profile.name} timed no cycles of {draft.name}: its engine is timed by {origin}",)
     if draft is not None and d_source != "default":
         # a drafter's fit is its engine's: the target's steps and the drafter's forwards fitted together on the
@@ -863,7 +876,8 @@ def profile_summary(profile: MeasuredEngineProfile | None) -> dict[str, Any] | N
     return {"name": profile.name, "gpu": profile.gpu, "applied_to": profile.applied_to or profile.gpu,
             "vllm_version": profile.vllm_version,
             "behaviour": list(profile.behaviour), "drafters": [name for name, _ in profile.drafters],
-            "drafters_carried": dict(profile.drafter_origins),
+            "drafters_carried": dict(profile.drafter_origins), "drafters_stand_in": dict(profile.drafter_stand_ins),
+            "drafter_methods": dict(profile.drafter_methods),
             "source": profile.source}
 
 

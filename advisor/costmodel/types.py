@@ -341,6 +341,12 @@ def minor_version(version: str | None) -> str | None:
     return ".".join(str(version).split(".")[:2]) if version else None
 
 
+# A drafter priced by another drafter's fit of its method (MeasuredEngineProfile.with_stand_in): its timing spread at
+# least this, as a profile carried to another GPU (docs/gpu-closed-loop.md "A 32B target": Qwen3-0.6B by the
+# Llama-3.2-1B draft model's fit on the H200, a median 5 % off, every interval covering).
+STAND_IN_TIMING_REL = 0.2
+
+
 @dataclass(frozen=True)
 class MeasuredEngineProfile:
     """Step-time and prefill parameters measured with the product's probe plan on one GPU × vLLM version (per-step
@@ -359,15 +365,42 @@ class MeasuredEngineProfile:
     # step-time parameters of the engine speculating with each drafter whose whole cycles were timed (catalog name,
     # params: the target's steps and the drafter's forwards fitted together): vLLM 0.24 runs an EAGLE head on Model
     # Runner V2 with async scheduling and CUDA graphs, a separate draft model on the V1 runner without either, so
-    # each drafter's engine is priced by its own fit; a drafter not listed keeps the uncalibrated prior
+    # each drafter's engine is priced by its own fit; a drafter not listed is priced by one of its method
+    # (:meth:`with_stand_in`), else keeps the uncalibrated prior
     drafters: tuple[tuple[str, StepTimeParams], ...] = ()
     applied_to: str | None = None  # the GPU it prices when carried from ``gpu`` (predict.transferred_profile)
     # drafters listed above that this profile did not time, each carried from another GPU's profile of the same
     # version (drafter, that profile's carried name; predict.matching_profile)
     drafter_origins: tuple[tuple[str, str], ...] = ()
+    # vLLM's speculative method of each drafter above (draft_model, eagle, eagle3): it picks the engine path
+    drafter_methods: tuple[tuple[str, str], ...] = ()
+    # drafters listed above that no profile timed, each priced by the fit of a timed drafter of its method
+    # (drafter, the timed one; :meth:`with_stand_in`)
+    drafter_stand_ins: tuple[tuple[str, str], ...] = ()
 
     def drafter_step(self, name: str) -> StepTimeParams | None:
         return next((params for drafter, params in self.drafters if drafter == name), None)
+
+    def with_stand_in(self, drafter: str, method: str) -> MeasuredEngineProfile:
+        """This profile pricing ``drafter``, which it did not time, by its fit of the first drafter of the same
+        ``method`` it did (its own before carried ones), at ``drafter``'s own size (the step-time model prices each
+        forward on the drafter's bytes and FLOPs): vLLM runs every drafter of a method on one engine path (a
+        separate draft model on the V1 runner without CUDA graphs), and that path's per-forward cost is what the fit
+        holds. The timing spread is at least ``STAND_IN_TIMING_REL``. Itself where ``drafter`` is timed or no
+        drafter of ``method`` is."""
+        if self.drafter_step(drafter) is not None:
+            return self
+        stand_ins = dict(self.drafter_stand_ins)
+        timed = next((name for name, m in self.drafter_methods if m == method and name not in stand_ins), None)
+        step = self.drafter_step(timed) if timed is not None else None
+        if step is None:
+            return self
+        step = dataclasses.replace(step, timing_rms_rel=max(step.timing_rms_rel, STAND_IN_TIMING_REL))
+        origin = self.drafter_origin(timed)
+        return dataclasses.replace(
+            self, drafters=(*self.drafters, (drafter, step)), drafter_methods=(*self.drafter_methods, (drafter, method)),
+            drafter_stand_ins=(*self.drafter_stand_ins, (drafter, timed)),
+            drafter_origins=self.drafter_origins + (((drafter, origin),) if origin else ()))
 
     def drafter_origin(self, name: str) -> str | None:
         """The carried profile that timed drafter ``name``, where this profile did not (None: this one did)."""
@@ -381,7 +414,9 @@ class MeasuredEngineProfile:
                    max_batch_measured=int(data.get("max_batch_measured", 1)),
                    behaviour=tuple(data.get("behaviour") or ()), source=str(data.get("source", "")),
                    drafters=tuple((str(name), StepTimeParams.from_dict(params))
-                                  for name, params in (data.get("drafters") or {}).items()))
+                                  for name, params in (data.get("drafters") or {}).items()),
+                   drafter_methods=tuple((str(name), str(method))
+                                         for name, method in (data.get("drafter_methods") or {}).items()))
 
 
 def acceptance_key(method: str, drafter: str | None, structure: str) -> str:

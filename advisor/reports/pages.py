@@ -233,15 +233,18 @@ def recommendation_plots(rec: dict[str, Any]) -> list[tuple[str, Markup]]:
 
 def _engine_profile(rec: dict[str, Any]) -> dict[str, str] | None:
     """The measured GPU × vLLM profile that timed an answer (``engine_profile``): its name, where to read it
-    (``GET /v1/engine-profiles`` for that GPU and version), and the drafters it carries from another profile."""
+    (``GET /v1/engine-profiles`` for that GPU and version), the drafters it carries from another profile, and those
+    no profile timed, priced by a timed drafter of their method."""
     profile = rec.get("engine_profile")
     if not isinstance(profile, dict) or not profile.get("name"):
         return None
     carried = profile.get("drafters_carried") if isinstance(profile.get("drafters_carried"), dict) else {}
     query = urlencode({"gpu": profile.get("applied_to") or profile.get("gpu") or "",
                        "vllm_version": profile.get("vllm_version") or ""})
+    stand_in = profile.get("drafters_stand_in") if isinstance(profile.get("drafters_stand_in"), dict) else {}
     return {"name": fmt(profile["name"]), "href": f"/v1/engine-profiles?{query}",
-            "carried": "; ".join(f"{fmt(name)} from {fmt(origin)}" for name, origin in carried.items())}
+            "carried": "; ".join(f"{fmt(name)} from {fmt(origin)}" for name, origin in carried.items()),
+            "stand_in": "; ".join(f"{fmt(name)} priced by the fit of {fmt(timed)}" for name, timed in stand_in.items())}
 
 
 def recommendation_page(rec: dict[str, Any]) -> str:

@@ -102,28 +102,36 @@ def test_absurd_loads_are_refused(plan_in):
         plan_capacity(huge)
 
 
-def test_an_offers_untimed_drafter_gets_the_prior_predict_gives_it(gpus, models):
-    """A plan and a recommendation price a drafter the engine profile did not time alike: the profile's fit for the
-    target, the method's prior for the drafter (one helper, ``default_drafter_step``); a timed drafter's own fit
-    prices both."""
+def test_an_offers_untimed_drafter_gets_the_fit_predict_gives_it(gpus, models):
+    """A plan and a recommendation price a drafter the engine profile did not time alike: by the profile's fit of
+    the timed drafter of its method (its stand-in: 3B by the 1B draft model's engine, at least 20 % spread), and
+    where no drafter of its method was timed, the profile's fit for the target and the method's prior for the
+    drafter (one helper, ``default_drafter_step``); a timed drafter's own fit prices both."""
     import dataclasses
 
     from advisor.costmodel.predict import _context
     from advisor.costmodel.steptime import default_drafter_step
-    from advisor.costmodel.types import Scenario, Speculator, Workload
+    from advisor.costmodel.types import STAND_IN_TIMING_REL, Scenario, Speculator, Workload
     from advisor.services.catalog import engine_profiles
 
     gpu, target = gpus["H200-SXM"], models["llama-3.1-8b-instruct"]
     profile = next(p for p in engine_profiles() if p.gpu == gpu.name)
     untimed, timed = models["llama-3.2-3b-instruct"], models["eagle3-llama-3.1-8b"]
     base = GpuOffer(gpu, 3.0, "input", profile.step_time, profile.prefill, f"profile:{profile.name}", profile)
-    assert base.speculative_steps(untimed, "draft_model") == (profile.step_time,
-                                                             default_drafter_step(gpu, "vllm", "draft_model"))
+    one_b = profile.drafter_step("llama-3.2-1b-instruct")
+    stand_in = dataclasses.replace(one_b, timing_rms_rel=max(one_b.timing_rms_rel, STAND_IN_TIMING_REL))
+    assert base.speculative_steps(untimed, "draft_model") == (stand_in, stand_in)
+    methodless = dataclasses.replace(profile, drafter_methods=())  # a profile that says no drafter's method
+    assert dataclasses.replace(base, profile=methodless).speculative_steps(untimed, "draft_model") == (
+        profile.step_time, default_drafter_step(gpu, "vllm", "draft_model"))
     assert base.speculative_steps(timed, "eagle3") == (profile.drafter_step(timed.name),) * 2
     scenario = Scenario(gpu="H200-SXM", target_model=target.name, vllm_version="0.24",
                         speculator=Speculator("draft_model", untimed.name, 3), workload=Workload(512, 256, 0.0, "code"))
     ctx = _context(scenario, gpu, target, untimed, None, None, profile)
     assert (ctx.target_step, ctx.draft_step) == base.speculative_steps(untimed, "draft_model")
+    assert any("priced by the fit of llama-3.2-1b-instruct" in n for n in ctx.calibration_notes)
+    ctx = _context(scenario, gpu, target, untimed, None, None, methodless)
+    assert (ctx.target_step, ctx.draft_step) == (profile.step_time, default_drafter_step(gpu, "vllm", "draft_model"))
     ctx = _context(dataclasses.replace(scenario, speculator=Speculator("eagle3", timed.name, 3)), gpu, target, timed,
                    None, None, profile)
     assert (ctx.target_step, ctx.draft_step) == base.speculative_steps(timed, "eagle3")

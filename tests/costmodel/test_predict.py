@@ -357,3 +357,37 @@ def test_drafters_a_gpus_own_profile_did_not_time_are_carried_from_another(gpus,
     uncarried = cm.predict(*args, profile=h100).to_dict()  # the H100's own alone: the head's uncalibrated prior
     assert any("the drafter's cost is the uncalibrated prior" in r for r in uncarried["reasons"])
     assert uncarried["speedup"] != answer["speedup"]
+
+
+def test_a_drafter_no_profile_timed_is_priced_by_a_timed_one_of_its_method(gpus, models, make_scenario):
+    """vLLM runs every drafter of a method on one engine path (0.24: a separate draft model on the V1 runner without
+    CUDA graphs, EAGLE heads on Model Runner V2). A drafter no profile timed is priced by the fit of the first timed
+    drafter of its method, at its own size, its spread at least 20 %, and the answer says which: EAGLE-1 for Vicuna
+    on the H100 by the EAGLE head for Llama 3.1 8B that the H200 timed (carried). A method no profile timed a drafter
+    of keeps the prior (an MTP head)."""
+    from advisor.costmodel.types import STAND_IN_TIMING_REL
+    from tests.costmodel.conftest import DATA
+
+    shipped = {p["gpu"]: cm.MeasuredEngineProfile.from_dict(p)
+               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]}
+    measured = {"H200-SXM": gpus["H200-SXM"], "H100-SXM": gpus["H100-SXM"]}
+    got = cm.matching_profile(list(shipped.values()), gpus["H100-SXM"], "0.24", measured)
+    vicuna = got.with_stand_in("eagle-vicuna-7b-v1.3", "eagle")
+    timed = got.drafter_step("eagle-llama-3.1-8b")
+    assert vicuna.drafter_step("eagle-vicuna-7b-v1.3") == dataclasses.replace(
+        timed, timing_rms_rel=max(timed.timing_rms_rel, STAND_IN_TIMING_REL))
+    assert dict(vicuna.drafter_stand_ins) == {"eagle-vicuna-7b-v1.3": "eagle-llama-3.1-8b"}
+    assert dict(vicuna.drafter_origins)["eagle-vicuna-7b-v1.3"] == "H200-SXM × vLLM 0.24 → H100-SXM"
+    assert got.with_stand_in("eagle-llama-3.1-8b", "eagle") is got and got.with_stand_in("x", "mtp") is got
+    s = make_scenario(gpu="H100-SXM", target_model="vicuna-7b-v1.3", method="eagle", draft_model="eagle-vicuna-7b-v1.3",
+                      concurrency=1, vllm_version="0.24", acceptance=cm.AcceptanceInput(per_position=(0.8, 0.64, 0.512)))
+    answer = cm.predict(s, gpus["H100-SXM"], models["vicuna-7b-v1.3"], models["eagle-vicuna-7b-v1.3"],
+                        profile=got).to_dict()
+    assert answer["engine_profile"]["drafters_stand_in"] == {"eagle-vicuna-7b-v1.3": "eagle-llama-3.1-8b"}
+    assert answer["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24 → H100-SXM"
+    assert any("no profile timed cycles of eagle-vicuna-7b-v1.3: its engine is priced by the fit of "
+               "eagle-llama-3.1-8b" in r for r in answer["reasons"])
+    prior = cm.predict(s, gpus["H100-SXM"], models["vicuna-7b-v1.3"], models["eagle-vicuna-7b-v1.3"],
+                       profile=dataclasses.replace(got, drafter_methods=())).to_dict()
+    assert any("the drafter's cost is the uncalibrated prior" in r for r in prior["reasons"])
+    assert answer["speedup"]["expected"] > prior["speedup"]["expected"]  # the head's measured engine beats the prior

@@ -241,7 +241,8 @@ def test_calibration_report_says_how_far_the_host_cores_speed_moved(app, client)
 
 def test_report_names_the_measured_profile_that_timed_the_answer(client):
     """An answer timed by a shipped profile (no calibration run) says so on its page, links to the profile that
-    times its GPU, and lists the drafters carried from another GPU's profile; one without says catalog and priors."""
+    times its GPU, and lists the drafters carried from another GPU's profile and those priced by a stand-in; one
+    without says catalog and priors."""
     body = example_scenario(gpu="H100-SXM", vllm_version="0.24",
                             speculator={"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"})
     answer = post(client, body)
@@ -252,6 +253,11 @@ def test_report_names_the_measured_profile_that_timed_the_answer(client):
     assert "(drafters carried: eagle-llama-3.1-8b from H200-SXM × vLLM 0.24 → H100-SXM; eagle3-llama-3.1-8b" in meta
     (profile,) = client.get("/v1/engine-profiles?gpu=H100-SXM&vllm_version=0.24").get_json()
     assert profile["name"] == answer["engine_profile"]["name"]
+    untimed = post(client, {**body, "gpu": "H200-SXM", "target_model": "qwen3-32b",
+                            "speculator": {"method": "draft_model", "draft_model": "qwen3-0.6b"}})
+    html = get_html(client, f"/v1/recommendations/{untimed['id']}/report")
+    assert "(qwen3-0.6b priced by the fit of llama-3.2-1b-instruct)" in html.split('<div class="meta">')[1]
+    assert untimed["engine_profile"]["drafters_stand_in"] == {"qwen3-0.6b": "llama-3.2-1b-instruct"}
     plain = post(client, {**body, "vllm_version": None})
     html = get_html(client, f"/v1/recommendations/{plain['id']}/report")
     assert "no calibration run (catalog and priors)" in html and 'id="engine-profile"' not in html
