@@ -1,6 +1,6 @@
 #!/bin/bash
 # Here, before a GPU lease: the shared recipe's vLLM 0.24 bundle (../shared/gpu/build_bundle.sh) cut in pieces small
-# enough to travel beside this repository. The recipe cuts 45 MB pieces; with the repository's tracked files (22 MB
+# enough to travel beside this repository. The recipe cuts 45 MB pieces; with the repository's tracked files (26 MB
 # since the stored H200 runs) a transfer would pass its 64 MiB. Usage: scripts/gpu-bundle.sh [DEST=.gpu] [PIECE_BYTES]
 # Then, on the lent machine, one call per folder in order: `bash scripts/gpu-setup.sh .gpu` carrying .gpu/c1, .gpu/c2,
 # ... (four folders since the repository passed 26 MB; the last holds the checksum and the wheels).

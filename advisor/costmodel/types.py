@@ -342,7 +342,7 @@ def minor_version(version: str | None) -> str | None:
 
 
 # A drafter priced by another drafter's fit of its method (MeasuredEngineProfile.with_stand_in): its timing spread at
-# least this, as a profile carried to another GPU (docs/gpu-closed-loop.md "A 32B target": Qwen3-0.6B by the
+# least this, as a profile carried to another GPU (docs/gpu-closed-loop.md "Run 21": Qwen3-0.6B by the
 # Llama-3.2-1B draft model's fit on the H200, a median 5 % off, every interval covering).
 STAND_IN_TIMING_REL = 0.2
 
