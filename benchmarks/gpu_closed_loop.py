@@ -621,11 +621,12 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
 
     rows = measurement_rows(workdir)
     target_name, drafter = measured_models(rows, records)
-    cal, results = build_gpu_calibration(records, *catalog_specs(run_drafter(records), run_gpu(workdir)))
+    gpu_name = run_gpu(workdir)
+    cal, results = build_gpu_calibration(records, *catalog_specs(run_drafter(records), gpu_name))
     if target_name != TARGET and not (profile or uncalibrated):
         raise ValueError(f"the calibration timed {TARGET}; a measurement of {target_name} is priced by a profile "
                          "(--profile) or the defaults (--uncalibrated)")
-    gpu, target, draft = catalog_specs(drafter, run_gpu(workdir), target_name)
+    gpu, target, draft = catalog_specs(drafter, gpu_name, target_name)
     if adjust is not None:
         cal = adjust(cal)
     tp = tensor_parallel_size(records)

@@ -56,7 +56,8 @@ def analyze(data: Path = DATA) -> dict:
     """vLLM's KV tokens against the memory model; each long-context step against the fit of the lease's
     calibrations alone (``BEFORE``) and the profile the product prices the GPU by (on the H200 run 1 with run 12's
     bf16 steps, since run 13 five calibrations with them), both with today's KV read cost
-    (``steptime.KV_READ_COST_PER_BYTE``: an fp8 read priced at 1.44 bytes per byte, set from the H200's fp8 steps)."""
+    (``steptime.kv_read_cost_per_byte``: an fp8 read priced per GPU measured, 1.44 bytes per byte on the H200 and
+    1.16 on the H100, from these fp8 steps)."""
     from advisor.costmodel.memory import kv_bytes_per_token
     from advisor.costmodel.steptime import forward_cost, step_time_from_cost
 

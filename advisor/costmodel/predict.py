@@ -201,12 +201,12 @@ def transferred_profile(profile: MeasuredEngineProfile, gpu: GpuSpec) -> Measure
     FLOP/s (the step-time model does that with any GPU's specs), its timing spread at least
     ``PROFILE_TRANSFER_TIMING_REL``. Between the H100 and the H200 a profile so carried predicted the other GPU's
     closed loops within a median 9.1-12.8 % (docs/gpu-closed-loop.md "Run 19", "Run 20")."""
-    def wider(step: StepTimeParams) -> StepTimeParams:
-        return dataclasses.replace(step, timing_rms_rel=max(step.timing_rms_rel, PROFILE_TRANSFER_TIMING_REL))
-
     return dataclasses.replace(
-        profile, name=f"{profile.name} → {gpu.name}", step_time=wider(profile.step_time),
-        drafters=tuple((name, wider(step)) for name, step in profile.drafters), applied_to=gpu.name,
+        profile, name=f"{profile.name} → {gpu.name}",
+        step_time=profile.step_time.with_spread_at_least(PROFILE_TRANSFER_TIMING_REL),
+        drafters=tuple((name, step.with_spread_at_least(PROFILE_TRANSFER_TIMING_REL))
+                       for name, step in profile.drafters),
+        applied_to=gpu.name,
         behaviour=(f"measured on {profile.gpu}, applied to {gpu.name}'s bandwidth and FLOP/s (carried between "
                    "the H100 and the H200 such a profile came within a median 9-13 %): calibrate on this GPU",
                    *profile.behaviour))

@@ -207,6 +207,11 @@ class StepTimeParams:
     # speculative cycle each with this log-normal spread. 0 when uncalibrated (the priors carry the doubt).
     timing_rms_rel: float = 0.0
 
+    def with_spread_at_least(self, timing_rms_rel: float) -> StepTimeParams:
+        """This fit applied beyond where it was measured (another GPU, another drafter of its engine path): its
+        timing spread at least ``timing_rms_rel``."""
+        return dataclasses.replace(self, timing_rms_rel=max(self.timing_rms_rel, timing_rms_rel))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -395,10 +400,11 @@ class MeasuredEngineProfile:
         step = self.drafter_step(timed) if timed is not None else None
         if step is None:
             return self
-        step = dataclasses.replace(step, timing_rms_rel=max(step.timing_rms_rel, STAND_IN_TIMING_REL))
+        step = step.with_spread_at_least(STAND_IN_TIMING_REL)
         origin = self.drafter_origin(timed)
         return dataclasses.replace(
-            self, drafters=(*self.drafters, (drafter, step)), drafter_methods=(*self.drafter_methods, (drafter, method)),
+            self, drafters=(*self.drafters, (drafter, step)),
+            drafter_methods=(*self.drafter_methods, (drafter, method)),
             drafter_stand_ins=(*self.drafter_stand_ins, (drafter, timed)),
             drafter_origins=self.drafter_origins + (((drafter, origin),) if origin else ()))
 

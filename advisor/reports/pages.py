@@ -140,14 +140,20 @@ def _source_class(source: str) -> tuple[str, int | None]:
     return (kind if kind in known else "other"), run_id
 
 
+def _mapping(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]`` where it is a mapping (a stored answer is read as it was written), else empty."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _is_numeric_leaf(value: Any) -> bool:
     return is_number(value) or (isinstance(value, list) and bool(value) and all(is_number(v) for v in value))
 
 
 def provenance_rows(rec: dict[str, Any]) -> list[ProvenanceRow]:
     """Every path the cost model sourced, then every other number of the answer, with value and source."""
-    provenance = rec.get("provenance") if isinstance(rec.get("provenance"), dict) else {}
-    scenario = rec.get("scenario") if isinstance(rec.get("scenario"), dict) else {}
+    provenance = _mapping(rec, "provenance")
+    scenario = _mapping(rec, "scenario")
     entries: dict[str, Any] = {}
     for path in provenance:
         value = dig(rec, path)
@@ -182,7 +188,7 @@ def compact_json(value: Any) -> str:
 
 
 def _vllm(rec: dict[str, Any]) -> dict[str, Any]:
-    vllm = rec.get("vllm") if isinstance(rec.get("vllm"), dict) else {}
+    vllm = _mapping(rec, "vllm")
     config = vllm.get("speculative_config")
     return {
         "speculative_config": compact_json(config) if config is not None else MISSING,
@@ -235,13 +241,13 @@ def _engine_profile(rec: dict[str, Any]) -> dict[str, str] | None:
     """The measured GPU × vLLM profile that timed an answer (``engine_profile``): its name, where to read it
     (``GET /v1/engine-profiles`` for that GPU and version), the drafters it carries from another profile, and those
     no profile timed, priced by a timed drafter of their method."""
-    profile = rec.get("engine_profile")
-    if not isinstance(profile, dict) or not profile.get("name"):
+    profile = _mapping(rec, "engine_profile")
+    if not profile.get("name"):
         return None
-    carried = profile.get("drafters_carried") if isinstance(profile.get("drafters_carried"), dict) else {}
+    carried = _mapping(profile, "drafters_carried")
     query = urlencode({"gpu": profile.get("applied_to") or profile.get("gpu") or "",
                        "vllm_version": profile.get("vllm_version") or ""})
-    stand_in = profile.get("drafters_stand_in") if isinstance(profile.get("drafters_stand_in"), dict) else {}
+    stand_in = _mapping(profile, "drafters_stand_in")
     return {"name": fmt(profile["name"]), "href": f"/v1/engine-profiles?{query}",
             "carried": "; ".join(f"{fmt(name)} from {fmt(origin)}" for name, origin in carried.items()),
             "stand_in": "; ".join(f"{fmt(name)} priced by the fit of {fmt(timed)}" for name, timed in stand_in.items())}
@@ -250,9 +256,9 @@ def _engine_profile(rec: dict[str, Any]) -> dict[str, str] | None:
 def recommendation_page(rec: dict[str, Any]) -> str:
     text, css = verdict(rec.get("decision"))
     columns, method_rows = _methods_table(rec.get("methods"))
-    choice = rec.get("speculator_choice") if isinstance(rec.get("speculator_choice"), dict) else {}
+    choice = _mapping(rec, "speculator_choice")
     choice_columns, choice_rows = _methods_table(choice.get("candidates"))
-    provenance = rec.get("provenance") if isinstance(rec.get("provenance"), dict) else {}
+    provenance = _mapping(rec, "provenance")
     timing = str(provenance.get("tpot_ms.baseline") or "")
     timing_run = timing.removeprefix("calibration:") if timing.startswith("calibration:") else None
     return _ENV.get_template("recommendation.html").render(

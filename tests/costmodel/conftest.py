@@ -24,6 +24,13 @@ def models() -> dict[str, cm.ModelSpec]:
 
 
 @pytest.fixture(scope="session")
+def shipped_profiles() -> dict[str, cm.MeasuredEngineProfile]:
+    """The shipped engine profiles (advisor/data/engine_profiles.json), by the GPU each was measured on."""
+    rows = json.loads((DATA / "engine_profiles.json").read_text(encoding="utf-8"))["items"]
+    return {r["gpu"]: cm.MeasuredEngineProfile.from_dict(r) for r in rows}
+
+
+@pytest.fixture(scope="session")
 def make_scenario():
     return scenario
 

@@ -280,17 +280,14 @@ def test_monte_carlo_step_draws_are_cached_by_parameter_values():
     assert not np.array_equal(predict._mc_step_samples(other, draft, 96).eta_bw, cached.eta_bw)
 
 
-def test_a_vllm_versions_profile_is_carried_to_a_gpu_without_one(gpus, models, make_scenario):
+def test_a_vllm_versions_profile_is_carried_to_a_gpu_without_one(gpus, models, make_scenario, shipped_profiles):
     """A scenario naming vLLM 0.24 on a GPU with no profile of its own takes 0.24's profile from the NVIDIA GPU
     nearest in HBM bandwidth, carried to its specs with a timing spread of at least 20 % (docs/gpu-closed-loop.md
     "Run 19"). The version's engine behaviour is the version's: on the A100 a 0.24 draft model no longer reads as a
     1.8x gain. Another vendor, the CPU build, another version, or no version: no profile."""
     from advisor.costmodel.predict import PROFILE_TRANSFER_TIMING_REL
-    from tests.costmodel.conftest import DATA
 
-    shipped = {p["gpu"]: cm.MeasuredEngineProfile.from_dict(p)
-               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]}
-    h200, h100 = shipped["H200-SXM"], shipped["H100-SXM"]
+    h200, h100 = shipped_profiles["H200-SXM"], shipped_profiles["H100-SXM"]
     for profiles, gpu, source in (([h200], "H100-SXM", h200), ([h200], "A100-80GB-SXM", h200), ([h200], "B200", h200),
                                   ([h200, h100], "A100-80GB-SXM", h100), ([h200, h100], "L40S", h100),
                                   ([h200, h100], "B200", h200), ([h100], "H200-SXM", h100)):
@@ -322,17 +319,15 @@ def test_a_vllm_versions_profile_is_carried_to_a_gpu_without_one(gpus, models, m
     assert carried["provenance"]["tpot_ms.speculative"] == "profile:H200-SXM × vLLM 0.24 → A100-80GB-SXM"
 
 
-def test_drafters_a_gpus_own_profile_did_not_time_are_carried_from_another(gpus, models, make_scenario):
+def test_drafters_a_gpus_own_profile_did_not_time_are_carried_from_another(gpus, models, make_scenario,
+                                                                          shipped_profiles):
     """The H100's profile timed the 1B draft model only; the H200's also timed the EAGLE and EAGLE-3 heads (which vLLM
     0.24 runs on another runner, with CUDA graphs and async scheduling: the version's, not the GPU's). On the H100
     an EAGLE-3 scenario takes its engine's fit from the H200's profile carried there (its spread widened), and says
     so: the speculative numbers' provenance and a reason name the carried profile, the baseline stays the H100's."""
     from advisor.costmodel.predict import PROFILE_TRANSFER_TIMING_REL
-    from tests.costmodel.conftest import DATA
 
-    shipped = {p["gpu"]: cm.MeasuredEngineProfile.from_dict(p)
-               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]}
-    h200, h100 = shipped["H200-SXM"], shipped["H100-SXM"]
+    h200, h100 = shipped_profiles["H200-SXM"], shipped_profiles["H100-SXM"]
     measured = {"H200-SXM": gpus["H200-SXM"], "H100-SXM": gpus["H100-SXM"]}
     got = cm.matching_profile([h200, h100], gpus["H100-SXM"], "0.24", measured)
     assert (got.name, got.step_time, got.drafter_step("llama-3.2-1b-instruct")) == (
@@ -359,19 +354,17 @@ def test_drafters_a_gpus_own_profile_did_not_time_are_carried_from_another(gpus,
     assert uncarried["speedup"] != answer["speedup"]
 
 
-def test_a_drafter_no_profile_timed_is_priced_by_a_timed_one_of_its_method(gpus, models, make_scenario):
+def test_a_drafter_no_profile_timed_is_priced_by_a_timed_one_of_its_method(gpus, models, make_scenario,
+                                                                           shipped_profiles):
     """vLLM runs every drafter of a method on one engine path (0.24: a separate draft model on the V1 runner without
     CUDA graphs, EAGLE heads on Model Runner V2). A drafter no profile timed is priced by the fit of the first timed
     drafter of its method, at its own size, its spread at least 20 %, and the answer says which: EAGLE-1 for Vicuna
     on the H100 by the EAGLE head for Llama 3.1 8B that the H200 timed (carried). A method no profile timed a drafter
     of keeps the prior (an MTP head)."""
     from advisor.costmodel.types import STAND_IN_TIMING_REL
-    from tests.costmodel.conftest import DATA
 
-    shipped = {p["gpu"]: cm.MeasuredEngineProfile.from_dict(p)
-               for p in json.loads((DATA / "engine_profiles.json").read_text())["items"]}
     measured = {"H200-SXM": gpus["H200-SXM"], "H100-SXM": gpus["H100-SXM"]}
-    got = cm.matching_profile(list(shipped.values()), gpus["H100-SXM"], "0.24", measured)
+    got = cm.matching_profile(list(shipped_profiles.values()), gpus["H100-SXM"], "0.24", measured)
     vicuna = got.with_stand_in("eagle-vicuna-7b-v1.3", "eagle")
     timed = got.drafter_step("eagle-llama-3.1-8b")
     assert vicuna.drafter_step("eagle-vicuna-7b-v1.3") == dataclasses.replace(
@@ -380,7 +373,8 @@ def test_a_drafter_no_profile_timed_is_priced_by_a_timed_one_of_its_method(gpus,
     assert dict(vicuna.drafter_origins)["eagle-vicuna-7b-v1.3"] == "H200-SXM × vLLM 0.24 → H100-SXM"
     assert got.with_stand_in("eagle-llama-3.1-8b", "eagle") is got and got.with_stand_in("x", "mtp") is got
     s = make_scenario(gpu="H100-SXM", target_model="vicuna-7b-v1.3", method="eagle", draft_model="eagle-vicuna-7b-v1.3",
-                      concurrency=1, vllm_version="0.24", acceptance=cm.AcceptanceInput(per_position=(0.8, 0.64, 0.512)))
+                      concurrency=1, vllm_version="0.24",
+                      acceptance=cm.AcceptanceInput(per_position=(0.8, 0.64, 0.512)))
     answer = cm.predict(s, gpus["H100-SXM"], models["vicuna-7b-v1.3"], models["eagle-vicuna-7b-v1.3"],
                         profile=got).to_dict()
     assert answer["engine_profile"]["drafters_stand_in"] == {"eagle-vicuna-7b-v1.3": "eagle-llama-3.1-8b"}
