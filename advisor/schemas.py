@@ -290,7 +290,11 @@ class AnswerSchema(Schema):
                              "low, high}], rule}: present when the scenario named no speculator.")
     dynamic_sd = fields.List(fields.List(fields.Integer()),
                              metadata={"description": "vLLM num_speculative_tokens_per_batch_size [[lo, hi, k]]."})
-    methods = fields.List(fields.Dict(), metadata={"description": "The applicable methods compared."})
+    methods = fields.List(fields.Dict(), metadata={"description": (
+        "The scenario's method and n-gram, suffix, EAGLE-3 and EAGLE, best first, each as naming it would answer "
+        "(point estimate at its best k, the workload's concurrency): {method, drafter, drafter_source (catalog:<head> "
+        "for the target's catalog head, else a synthesized one), num_speculative_tokens, expected_speedup, "
+        "mean_acceptance_length, acceptance_source, timing_source}.")})
     tco = _obj("$/1M output tokens, GPUs needed, monthly cost with and without, savings.")
     vllm = _obj("{speculative_config, serve_flags}: the settings to copy.")
     checks = fields.List(fields.Dict(), metadata={"description": "Draft checklist: {severity, field, message}."})

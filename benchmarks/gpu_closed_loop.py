@@ -472,7 +472,7 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     cal = Calibration.from_dict({"run_id": run_id, "hardware": gpu.name, **by_kind,
                                  "max_batch_calibrated": max(batches), "temperature_range": [0.0, 0.8],
                                  "weights_dtype": dtype, "tensor_parallel_size": tensor_parallel_size(records),
-                                 "engine_mode": "graphs"})
+                                 "engine_mode": "graphs", "drafter_methods": {draft.name: drafter_method(draft.name)}})
     return cal, results
 
 

@@ -24,10 +24,11 @@ import numpy as np
 
 from .acceptance import draft_fraction_at, per_position_rates
 from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, memory_report
+from .predict import engine_steps
 from .simulate import EngineLimits, SimResult, SpecDecode, StepModel, Traffic, _StepClock, kv_capacity_tokens, simulate
-from .steptime import default_drafter_step, forward_cost
-from .types import (AcceptanceModel, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec, PrefillParams,
-                    StepTimeParams)
+from .steptime import forward_cost
+from .types import (AcceptanceModel, Calibration, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec,
+                    PrefillParams, StepTimeParams)
 
 TP_SIZES = (1, 2, 4, 8)
 MAX_TP_CHOICES = 3  # default: the smallest TP that fits and the next two doublings (up to 8)
@@ -71,17 +72,15 @@ class GpuOffer:
     prefill: PrefillParams
     timing_source: str  # "default" | "calibration:<run id>" | "profile:<name>"
     profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from, if any
+    calibration: Calibration | None = None  # the calibration run the timing came from, if any
 
-    def speculative_steps(self, drafter: ModelSpec | None, method: str) -> tuple[StepTimeParams, StepTimeParams]:
+    def speculative_steps(self, target: ModelSpec, drafter: ModelSpec | None,
+                          method: str) -> tuple[StepTimeParams, StepTimeParams]:
         """(target, drafter) step-time parameters of this GPU's engine speculating with ``drafter`` by ``method``,
-        as ``predict`` takes them: a profile's fit of that drafter's engine for both; on a profile that did not
-        time it, the drafter's uncalibrated prior (``default_drafter_step``, as ``predict``'s: the profile's main
-        fit carries another drafter's per-forward cost) unless it timed one of the same method (its stand-in:
-        ``MeasuredEngineProfile.with_stand_in``); else the offer's own (calibrated or default) for both."""
-        if self.profile is None or drafter is None:
-            return self.step, self.step
-        timed = self.profile.with_stand_in(drafter.name, method).drafter_step(drafter.name)
-        return (timed, timed) if timed is not None else (self.step, default_drafter_step(self.gpu, "vllm", method))
+        by ``predict``'s rule (:func:`~advisor.costmodel.predict.engine_steps`): a timed drafter's fit for both, an
+        untimed one's stand-in of its method, else the offer's fit for the target and the method's prior."""
+        steps = engine_steps(self.gpu, "vllm", target, drafter, method, self.calibration, self.profile)
+        return steps.target_step, steps.draft_step
 
 
 @dataclass(frozen=True)
@@ -328,7 +327,7 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
             reasons.append(f"{_spec_name(cand)}: drafter + KV do not fit")
             continue
         dcost = forward_cost(gpu, cand.draft, "bf16", tp, plan.kv_cache_dtype) if cand.draft is not None else None
-        target_step, draft_step = offer.speculative_steps(cand.draft, cand.method)
+        target_step, draft_step = offer.speculative_steps(target, cand.draft, cand.method)
         smodel = StepModel(cost, target_step, offer.prefill, dcost, draft_step, plan.temperature)
         slimits = replace(limits, kv_capacity_tokens=kv_capacity_tokens(
             smem.kv_space_gb, smem.kv_bytes_per_token_target, smem.kv_bytes_per_token_draft))

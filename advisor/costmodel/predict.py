@@ -7,7 +7,7 @@ import math
 import operator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -125,9 +125,6 @@ class Context:
     calibration_notes: tuple[str, ...] = ()  # why a calibration (or part of it) was not used
     draft_fraction_given: bool = False  # acceptance.draft_fraction stated: not sampled
     profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from
-    # the target's steps on the engine path without the scenario's drafter (what a copy method or an untimed head
-    # runs on): the compared methods' target; None = target_step (no drafter fit replaced it)
-    compared_target_step: StepTimeParams | None = None
     # the speculative engine's timing source where it is not step_source (a drafter carried from another profile)
     spec_step_source: str | None = None
 
@@ -292,9 +289,46 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
         if mismatch:
             notes = tuple(f"calibration run {calibration.run_id} not used: {m}" for m in mismatch)
             calibration = None
-    t_step, t_pre, step_source = _step_params(gpu, target, s.engine, calibration, profile)
-    own_step = t_step
-    d_step, d_pre, d_source = _step_params(gpu, draft, s.engine, calibration)
+    steps = engine_steps(gpu, s.engine, target, draft, method, calibration, profile)
+    k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
+    acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
+    return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), steps.target_step,
+                   steps.draft_step, steps.target_prefill, steps.draft_prefill, steps.source, acc, acc_source, k_ref,
+                   notes + steps.notes, s.acceptance is not None and s.acceptance.draft_fraction is not None,
+                   steps.profile, steps.spec_source)
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """The step-time and prefill parameters of one GPU's engine speculating with one drafter, and their sources."""
+
+    target_step: StepTimeParams  # the target's steps on the drafter's engine path
+    draft_step: StepTimeParams
+    target_prefill: PrefillParams
+    draft_prefill: PrefillParams
+    source: str  # "default", "calibration:<id>" or "profile:<name>"
+    # the measured GPU × vLLM profile the timing came from (with the drafter's stand-in), if any
+    profile: MeasuredEngineProfile | None = None
+    spec_source: str | None = None  # the speculative engine's timing source where it is not ``source``
+    notes: tuple[str, ...] = ()
+
+
+def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec | None, method: str,
+                 calibration: Calibration | None, profile: MeasuredEngineProfile | None) -> EngineSteps:
+    """How ``predict`` and the capacity planner time the engine (one rule for both): a calibration run's fits
+    (that applies) before a profile's, before the defaults. A drafter's fit is its engine's, so it prices the
+    target's steps too; a drafter not timed is priced by a timed drafter of its method (its stand-in:
+    ``Calibration.with_stand_in``, ``MeasuredEngineProfile.with_stand_in``), else by its method's prior."""
+    notes: tuple[str, ...] = ()
+    if calibration is not None and draft is not None:
+        calibration = calibration.with_stand_in(draft.name, method)
+    t_step, t_pre, step_source = _step_params(gpu, target, engine, calibration, profile)
+    d_step, d_pre, d_source = _step_params(gpu, draft, engine, calibration)
+    stand_in = calibration.drafter_stand_ins.get(draft.name) if calibration is not None and draft is not None else None
+    if stand_in is not None and d_source != "default":
+        notes += (f"calibration run {d_source.split(':')[-1]} timed no cycles of {draft.name}: its engine is priced "
+                  f"by the fit of {stand_in}, the same method ({method}) on the same engine path, at "
+                  f"{draft.name}'s size",)
     timed = None
     if step_source.startswith("profile") and draft is not None:
         profile = profile.with_stand_in(draft.name, method)
@@ -317,17 +351,12 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
         # path vLLM ran them (calibration.fit.engine_path_records); the joint fit of a run when it is the same
         t_step = d_step
     elif d_source == "default":  # the drafter's per-forward overhead is a wide prior until measured
-        d_step = default_drafter_step(gpu, s.engine, method)
+        d_step = default_drafter_step(gpu, engine, method)
         if draft is not None and step_source.startswith("profile"):
             notes += (f"the profile {profile.name} timed no cycles of {draft.name}: the drafter's cost is the "
                       "uncalibrated prior",)
-    k_ref = s.speculator.num_speculative_tokens or METHOD_DEFAULT_K.get(method, 3)
-    acc, acc_source = _acceptance(s, target, draft, calibration, k_ref)
-    return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), t_step, d_step,
-                   t_pre, d_pre, step_source, acc, acc_source, k_ref, notes,
-                   s.acceptance is not None and s.acceptance.draft_fraction is not None,
-                   profile if step_source.startswith("profile") else None,
-                   own_step if own_step is not t_step else None, spec_step_source)
+    return EngineSteps(t_step, d_step, t_pre, d_pre, step_source,
+                       profile if step_source.startswith("profile") else None, spec_step_source, notes)
 
 
 def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None,
@@ -423,13 +452,17 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         r = per_position_rates(acc, temperature, width, coeffs)  # row m from coeffs[m]
         fraction = np.array([draft_fraction_at(a, temperature) for a in accs])
         setups = (setup,) + tuple(c for c, _ in compared)
-        if ctx.compared_target_step is None:  # one target fit for every row
-            return evaluate_grid(setup, batch, ks, r, fraction, StepSamples.point(ctx.target_step), drafters=setups)
-        # the scenario's drafter's fit priced row 0's target (its engine path); the compared rows run on the target's
-        # own fit, as each method's own answer does
-        return stack_grids(evaluate_grid(setup, batch, ks, r[:1], fraction[:1], StepSamples.point(ctx.target_step)),
-                           evaluate_grid(setups[1], batch, ks, r[1:], fraction[1:],
-                                         StepSamples.point(ctx.compared_target_step), drafters=setups[1:]))
+        # each row's target steps on its drafter's engine path, as its own answer prices them: rows that share a
+        # target fit are evaluated together (one pass where nothing was timed)
+        grid, i = None, 0
+        while i < len(setups):
+            j = i + 1
+            while j < len(setups) and setups[j].target_step == setups[i].target_step:
+                j += 1
+            part = evaluate_grid(setups[i], batch, ks, r[i:j], fraction[i:j],
+                                 StepSamples.point(setups[i].target_step), drafters=setups[i:j])
+            grid, i = part if grid is None else stack_grids(grid, part), j
+        return grid
     if samples == 1:  # point estimate only
         r = per_position_rates(acc, temperature, width)[None, :]
         step = StepSamples.point(ctx.target_step)
@@ -514,9 +547,10 @@ def dynamic_table(points: list[int], best_k: list[int], gains: list[float]) -> l
 def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None,
             calibration: Calibration | None = None, catalog_sources: dict[str, str] | None = None,
             samples: int = MC_SAMPLES, compare_methods: bool = True,
-            profile: MeasuredEngineProfile | None = None) -> Prediction:
+            profile: MeasuredEngineProfile | None = None, heads: Mapping[str, ModelSpec] | None = None) -> Prediction:
     """The answer for one scenario. ``profile``: a measured GPU × vLLM profile (:func:`matching_profile`) used for
-    the timing where no calibration run applies."""
+    the timing where no calibration run applies. ``heads``: the catalog's EAGLE / EAGLE-3 head for the target by
+    method, which the compared methods are priced with (:func:`_compared`)."""
     _validate(scenario, draft)
     s, w = scenario, scenario.workload
     ctx = _context(s, gpu, target, draft, calibration, catalog_sources, profile)
@@ -551,7 +585,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     batch = np.array(sorted(set(CURVE_CONCURRENCY) | {conc_base, conc_spec} | caps), dtype=float)
     ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
     # Point estimate over every k: row 0 the scenario's method, rows 1.. the compared methods.
-    compared = _compared(ctx) if compare_methods else ()
+    compared = _compared(ctx, heads or {}) if compare_methods else ()
     grid = queued(_grid(ctx, setup, ctx.acceptance, batch, 1,
                         compared=tuple((c.setup, c.acceptance) for c in compared)), res_b, res_s)
 
@@ -887,25 +921,42 @@ class Compared:
     drafter: ModelSpec | None
     setup: CycleSetup
     acceptance: AcceptanceModel
+    drafter_source: str  # "none" (copy drafters), "catalog:<name>" or "default:synthesized head …"
+    acceptance_source: str
+    timing_source: str
+
+
+_SYNTHESIZED = "default:synthesized head (vLLM needs a head trained for this target)"
 
 
 @lru_cache(maxsize=256)
-def _compared_drafter(target: ModelSpec, method: str, structure: str) -> tuple[ModelSpec | None, AcceptanceModel]:
-    """A compared method's generic drafter (synthesized head, or none) and its prior (pure: cached per target)."""
-    head = None if method in COPY_DRAFTERS else synthesized_head(target, f"{method}_head")
-    return head, prior_acceptance(method, structure, target, head)
+def _prior(method: str, structure: str, target: ModelSpec, head: ModelSpec | None) -> AcceptanceModel:
+    """A compared method's prior acceptance (pure: cached per target and head)."""
+    return prior_acceptance(method, structure, target, head)
 
 
-def _compared(ctx: Context) -> tuple[Compared, ...]:
-    """The methods compared with the scenario's: generic n-gram, suffix, EAGLE-3, EAGLE (method, setup, prior).
-    Each drafter at its method's uncalibrated parameters (a generic head is never the one a calibration or a
-    profile timed), not the scenario's drafter's: a profiled draft model's 5 ms per forward is not an EAGLE head's."""
+def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, ...]:
+    """The methods compared with the scenario's: n-gram, suffix, EAGLE-3, EAGLE, each priced as its own answer
+    would price it: the catalog's head for the target (``heads``; else a synthesized one), timed by the rule of the
+    scenario's own drafter (:func:`engine_steps`: a calibration's or a profile's fit of that head's engine, a
+    timed head of its method standing in, else the method's prior), with the calibration's acceptance fit of that
+    method and head where it measured one (else the prior). Point estimates only; the scenario's resident caps."""
     out = []
+    s, structure = ctx.scenario, ctx.scenario.workload.structure
     for m in ("ngram", "suffix", "eagle3", "eagle"):
-        if m != ctx.scenario.speculator.method:
-            head, acc = _compared_drafter(ctx.target, m, ctx.scenario.workload.structure)
-            step = default_drafter_step(ctx.gpu, ctx.scenario.engine, m)
-            out.append(Compared(m, head, _setup(ctx, m, head, step, ctx.compared_target_step), acc))
+        if m == s.speculator.method:
+            continue
+        head, source = None, "none"
+        if m not in COPY_DRAFTERS:
+            head, source = heads.get(m), f"catalog:{heads[m].name}" if m in heads else _SYNTHESIZED
+            head = head or synthesized_head(ctx.target, f"{m}_head")
+        steps = engine_steps(ctx.gpu, s.engine, ctx.target, head, m, ctx.calibration, ctx.profile)
+        measured = None if ctx.calibration is None else calibrated_acceptance(
+            ctx.calibration, m, head.name if head is not None else None, structure)
+        acc = measured if measured is not None else _prior(m, structure, ctx.target, head)
+        acc_source = f"calibration:{ctx.calibration.run_id}" if measured is not None else acc.source.split(";")[0]
+        setup = _setup(ctx, m, head, steps.draft_step, steps.target_step)
+        out.append(Compared(m, head, setup, acc, source, acc_source, steps.spec_source or steps.source))
     return tuple(out)
 
 
@@ -915,16 +966,15 @@ def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
     sp = grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]  # (1 + M, K)
     sp_all, best_all = sp.tolist(), (np.argmax(sp, axis=1) + 1).tolist()
     al_all = grid.al[:, 0, :].tolist()
-    candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source)]
-    for c in compared:
-        candidates.append((c.method, c.drafter, "default:synthesized head (vLLM needs a head trained for this target)"
-                           if c.drafter is not None else "none",
-                           c.acceptance.source.split(";")[0]))
+    candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source,
+                   ctx.spec_step_source or ctx.step_source)]
+    candidates += [(c.method, c.drafter, c.drafter_source, c.acceptance_source, c.timing_source) for c in compared]
     rows = []
-    for (m, d, src, acc_source), row, best, al in zip(candidates, sp_all, best_all, al_all):
+    for (m, d, src, acc_source, timing), row, best, al in zip(candidates, sp_all, best_all, al_all):
         rows.append({"method": m, "drafter": d.name if d is not None else None, "drafter_source": src,
                      "num_speculative_tokens": best, "expected_speedup": row[best - 1],
-                     "mean_acceptance_length": al[best - 1], "acceptance_source": acc_source})
+                     "mean_acceptance_length": al[best - 1], "acceptance_source": acc_source,
+                     "timing_source": timing})
     rows.sort(key=lambda r: -r["expected_speedup"])
     return rows
 

@@ -291,6 +291,11 @@ class Calibration:
     # the run the step-time and prefill fits (and max_batch_calibrated) came from, where another run than run_id
     # measured them: an acceptance-only run on the user's prompts priced with an earlier timing run (with_timing)
     timing_run_id: int | None = None
+    # vLLM's speculative method of each drafter the timing run timed (draft_model, eagle, eagle3): it picks the engine
+    # path, so a drafter of that method the run did not time is priced by its fit (:meth:`with_stand_in`)
+    drafter_methods: dict[str, str] = field(default_factory=dict)
+    # drafters in step_time that the run did not time, each priced by the fit of a timed drafter of its method
+    drafter_stand_ins: dict[str, str] = field(default_factory=dict)
 
     @property
     def timing_source(self) -> str:
@@ -304,7 +309,25 @@ class Calibration:
         if timing.run_id == self.run_id:
             return self
         return dataclasses.replace(self, step_time=timing.step_time, prefill=timing.prefill,
-                                   max_batch_calibrated=timing.max_batch_calibrated, timing_run_id=timing.run_id)
+                                   max_batch_calibrated=timing.max_batch_calibrated, timing_run_id=timing.run_id,
+                                   drafter_methods=timing.drafter_methods, drafter_stand_ins=timing.drafter_stand_ins)
+
+    def with_stand_in(self, drafter: str, method: str) -> Calibration:
+        """This run pricing ``drafter``, which it did not time, by its fit of a drafter of the same ``method`` that
+        it did, at ``drafter``'s own size, with a timing spread of at least ``STAND_IN_TIMING_REL``: the rule of
+        :meth:`MeasuredEngineProfile.with_stand_in`, on the user's own node. Itself where ``drafter`` is timed or no
+        drafter of ``method`` is."""
+        if drafter in self.step_time:
+            return self
+        timed = next((name for name, m in self.drafter_methods.items()
+                      if m == method and name in self.step_time and name not in self.drafter_stand_ins), None)
+        if timed is None:
+            return self
+        step = self.step_time[timed].with_spread_at_least(STAND_IN_TIMING_REL)
+        return dataclasses.replace(
+            self, step_time={**self.step_time, drafter: step},
+            drafter_methods={**self.drafter_methods, drafter: method},
+            drafter_stand_ins={**self.drafter_stand_ins, drafter: timed})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -317,6 +340,7 @@ class Calibration:
             "acceptance": {k: v.to_dict() for k, v in self.acceptance.items()},
             "max_batch_calibrated": self.max_batch_calibrated,
             "temperature_range": list(self.temperature_range),
+            **({"drafter_methods": dict(self.drafter_methods)} if self.drafter_methods else {}),
         }
 
     @classmethod
@@ -338,6 +362,7 @@ class Calibration:
             vllm_version=minor_version(data.get("vllm_version")),
             kv_cache_dtype=data.get("kv_cache_dtype"),
             timing_run_id=int(data["timing_run_id"]) if data.get("timing_run_id") is not None else None,
+            drafter_methods={str(k): str(v) for k, v in (data.get("drafter_methods") or {}).items()},
         )
 
 

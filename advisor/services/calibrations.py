@@ -187,22 +187,28 @@ def _recent_calibrations(hardware: str, target: str) -> list[costmodel.Calibrati
     return calibrations
 
 
-def _timed(calibrations: list[costmodel.Calibration], target: str,
-           drafter: str | None = None) -> costmodel.Calibration | None:
-    """The newest of ``calibrations`` that timed ``target`` (and, where one is named, that drafter's engine: its fit
-    holds the target's steps on the path vLLM ran them with the drafter)."""
+def _timed(calibrations: list[costmodel.Calibration], target: str, drafter: str | None = None,
+           method: str | None = None) -> costmodel.Calibration | None:
+    """The newest of ``calibrations`` that timed ``target`` with, where one is named, that drafter's engine (its fit
+    holds the target's steps on the path vLLM ran them with the drafter), else with a drafter of its ``method`` (the
+    stand-in: ``Calibration.with_stand_in``), else the newest that timed the target."""
     timed = [cal for cal in calibrations if target in cal.step_time]
-    return next((cal for cal in timed if drafter is None or drafter in cal.step_time), timed[0] if timed else None)
+    if drafter is None:
+        return timed[0] if timed else None
+    return next((cal for cal in timed if drafter in cal.step_time),
+                next((cal for cal in timed if method in cal.drafter_methods.values()), timed[0] if timed else None))
 
 
 def _composed(calibrations: list[costmodel.Calibration], target: str, drafter: str | None,
-              accepts: Callable[[costmodel.Calibration], bool]) -> costmodel.Calibration | None:
+              accepts: Callable[[costmodel.Calibration], bool], method: str | None = None
+              ) -> costmodel.Calibration | None:
     """Acceptance from the newest run that ``accepts`` (else the newest run), timing from the newest run that timed
-    the target: a node's timing run (random weights) and its acceptance run on the user's prompts are two runs."""
+    the target (:func:`_timed`): a node's timing run (random weights) and its acceptance run on the user's prompts
+    are two runs."""
     if not calibrations:
         return None
     base = next((cal for cal in calibrations if accepts(cal)), calibrations[0])
-    timing = _timed(calibrations, target, drafter)
+    timing = _timed(calibrations, target, drafter, method)
     return base.with_timing(timing) if timing is not None else base
 
 
@@ -238,7 +244,7 @@ def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | N
     drafter = None if sp.method in ("ngram", "suffix") else sp.draft_model
     usable = [cal for cal in calibrations if not costmodel.calibration_mismatch(cal, scenario, gpu)]
     return _composed(usable, target, drafter, lambda cal: costmodel.calibrated_acceptance(
-        cal, sp.method, drafter, scenario.workload.structure) is not None)
+        cal, sp.method, drafter, scenario.workload.structure) is not None, sp.method)
 
 
 def measured_conditions(config: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
@@ -278,8 +284,10 @@ def to_calibration(run: CalibrationRun) -> costmodel.Calibration:
         by_kind.setdefault(fit.kind, {})[fit.key] = params
     temperatures = run.config.get("temperatures") or [0.0]
     engine = next((m.params.get("engine") for m in run.measurements if (m.params or {}).get("engine")), {})
+    drafter = run.draft_model if run.method not in ("ngram", "suffix") else None
     return costmodel.Calibration.from_dict({
         "run_id": run.id, "hardware": run.hardware,
+        "drafter_methods": {drafter: run.method} if drafter in by_kind["step_time"] else {},
         "step_time": by_kind["step_time"], "prefill": by_kind["prefill"], "acceptance": by_kind["acceptance"],
         "max_batch_calibrated": max(run.config.get("batch_sizes") or [1]),
         "temperature_range": [min(temperatures), max(temperatures)],

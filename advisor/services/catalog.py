@@ -85,6 +85,7 @@ def _snapshot(cls: type, name: str) -> SimpleNamespace | None:
 
 def forget_snapshots() -> None:
     _SNAPSHOTS.clear()
+    _HEADS.clear()
 
 
 def require_gpu(name: str, field: str = "gpu") -> Gpu:
@@ -176,6 +177,33 @@ def speculator_candidates(target: costmodel.ModelSpec) -> list[dict[str, Any]]:
             lms.append((spec.param_count, {"method": method, "draft_model": spec.name}))
     lms.sort(key=lambda x: -x[0])
     return [{"method": "ngram"}] + (heads + [d for _, d in lms])[:MAX_DEFAULT_DRAFTERS]
+
+
+# The catalog's heads per target, cached per process for a few seconds as the rows are (CATALOG_CACHE_S).
+_HEADS: dict[tuple[Any, costmodel.ModelSpec], tuple[float, dict[str, costmodel.ModelSpec]]] = {}
+
+
+def compared_heads(target: costmodel.ModelSpec) -> dict[str, costmodel.ModelSpec]:
+    """The catalog's EAGLE and EAGLE-3 head for ``target`` (method -> spec; the first by name that fits it), which
+    an answer's compared methods are priced with (``costmodel.predict``: a method without one gets a synthesized
+    head and its priors)."""
+    key, now = (db.engine.url, target), time.monotonic()
+    hit = _HEADS.get(key)
+    if hit is not None and now - hit[0] < current_app.config.get("CATALOG_CACHE_S", 5.0):
+        return hit[1]
+    heads: dict[str, costmodel.ModelSpec] = {}
+    with db.engine.connect() as connection:  # its own connection, back in the pool at once (see _snapshot)
+        rows = connection.execute(select(Model.__table__).where(Model.kind.in_(("eagle_head", "eagle3_head")))
+                                  .order_by(Model.name)).all()
+    for row in rows:
+        spec = _spec(costmodel.ModelSpec, SimpleNamespace(**row._mapping))
+        method = HEAD_METHODS[spec.kind]
+        if method not in heads and not any(i.severity == "error" for i in costmodel.check_draft(target, spec, method)):
+            heads[method] = spec
+    if len(_HEADS) >= _MAX_SNAPSHOTS:
+        _HEADS.clear()
+    _HEADS[key] = (now, heads)
+    return heads
 
 
 def _spec(cls: type, row: Any) -> Any:

@@ -49,11 +49,13 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
     for row in rows:
         gpu = catalog.gpu_spec(row)
         cal = _calibration(data, gpu, target)
-        profile = catalog.engine_profile_for(gpu, data.get("vllm_version"))
-        if cal is not None and target.name in cal.step_time:
+        if cal is not None and target.name not in cal.step_time:
+            cal = None  # no run timed the target on this GPU: its timing is the profile's or the defaults
+        profile = catalog.engine_profile_for(gpu, data.get("vllm_version")) if cal is None else None
+        if cal is not None:
             step = cal.step_time[target.name]
             pre = cal.prefill.get(target.name) or costmodel.default_prefill_params(gpu)
-            timing, profile = cal.timing_source, None
+            timing = cal.timing_source
         elif profile is not None:  # the GPU × vLLM version's measured profile, as a recommendation would use it
             step, pre, timing = profile.step_time, profile.prefill, f"profile:{profile.name}"
         else:
@@ -62,7 +64,7 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
             price, price_source = float(prices[gpu.name]), "input"
         else:
             price, price_source = gpu.gpu_hour_usd, f"catalog:{gpu.name} ({gpu.gpu_hour_usd_date})"
-        offers.append(GpuOffer(gpu, price, price_source, step, pre, timing, profile))
+        offers.append(GpuOffer(gpu, price, price_source, step, pre, timing, profile, cal))
         sources[gpu.name] = row.source
     return offers, sources
 

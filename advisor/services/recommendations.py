@@ -75,7 +75,8 @@ def predict(data: dict[str, Any]) -> Answer:
     profile = catalog.engine_profile_for(gpu, scenario.vllm_version)
     try:
         prediction = costmodel.predict(scenario, gpu, target, draft, calibration=calibration,
-                                       catalog_sources=sources, profile=profile)
+                                       catalog_sources=sources, profile=profile,
+                                       heads=catalog.compared_heads(target))
     except costmodel.CostModelError as exc:
         raise field_error(getattr(exc, "field", None) or "_schema", getattr(exc, "message", None) or str(exc)) from None
     answer = prediction.to_dict()

@@ -210,3 +210,39 @@ def test_a_plan_takes_each_speculators_acceptance_from_the_newest_run_that_measu
 
     assert acceptance_source({"method": "draft_model", "draft_model": DRAFT}) == f"calibration:{drafter_run}"
     assert acceptance_source({"method": "ngram"}) == f"calibration:{ngram_run}"
+
+
+def _draft_model_timing_run(app, drafter: str = DRAFT) -> int:
+    """A succeeded H100 run that timed the 8B target and whole cycles of ``drafter`` (a separate draft model: a
+    slow host per forward, as vLLM 0.24 runs it without CUDA graphs)."""
+    plain = {"bandwidth_efficiency": 0.8, "compute_efficiency": 0.6, "fixed_overhead_s": 0.004, "source": "calibration"}
+    engine = {**plain, "proposer_overhead_s": 0.006, "timing_rms_rel": 0.05}
+    return _succeeded(app, {"hardware": "H100-SXM", "target_model": TARGET, "method": "draft_model",
+                            "draft_model": drafter, "draft_model_path": "/models/draft", "temperatures": [0.0],
+                            "batch_sizes": [1, 8, 64]}, "step_time", {"enforce_eager": False},
+                      [{"kind": "step_time", "key": TARGET, "params": plain},
+                       {"kind": "step_time", "key": drafter, "params": engine}])
+
+
+def test_a_drafter_the_node_did_not_time_is_priced_by_the_one_of_its_method_it_did(app, client):
+    """A user's calibration prices a drafter it did not time as a shipped profile does: by its fit of the drafter
+    of the same method it timed (vLLM runs every draft model on one engine path), at the drafter's own size, with
+    at least 20 % timing spread, and the answer says so. main: such a drafter got the method's prior, the newest
+    run's timing (here an n-gram run's, without the draft model's engine) and no word of it."""
+    timing = _draft_model_timing_run(app)
+    _timing_run(app, 0.004)  # newer: n-gram only
+    three_b = example_scenario(speculator={"method": "draft_model", "draft_model": "llama-3.2-3b-instruct",
+                                           "num_speculative_tokens": 3}, acceptance=None)
+    answer = client.post("/v1/recommendations", json=three_b).get_json()
+    assert answer["provenance"]["step_ms.verify"] == f"calibration:{timing}"
+    assert any(f"calibration run {timing} timed no cycles of llama-3.2-3b-instruct: its engine is priced by the fit "
+               f"of {DRAFT}" in r for r in answer["reasons"]), answer["reasons"]
+    own = client.post("/v1/recommendations", json={**three_b, "speculator": {**three_b["speculator"],
+                                                                             "draft_model": DRAFT}}).get_json()
+    assert not any("timed no cycles" in r for r in own["reasons"])
+    # the 3B drafter costs more per forward than the 1B on the same engine path: a slower cycle
+    assert answer["step_ms"]["draft"] > own["step_ms"]["draft"]
+    eagle = example_scenario(speculator={"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b",
+                                         "num_speculative_tokens": 3}, acceptance=None)
+    other = client.post("/v1/recommendations", json=eagle).get_json()  # another method: no stand-in, the prior
+    assert not any("timed no cycles" in r for r in other["reasons"])

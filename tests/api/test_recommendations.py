@@ -76,6 +76,33 @@ def test_without_a_speculator_the_advisor_answers_with_the_best_candidate(client
             (candidate["decision"], candidate["low"], candidate["num_speculative_tokens"])
 
 
+def test_each_compared_method_is_priced_as_its_own_answer(client):
+    """An answer's ``methods`` rows are what naming each method answers (the point estimate at the row's k): the
+    catalog's EAGLE / EAGLE-3 head for the target, timed by the H200 profile's fit of its engine. main: a generic
+    synthesized head at its method's priors, so a draft-model answer listed EAGLE-3 at 1.56x (below suffix
+    decoding) where the EAGLE-3 answer said 2.77x, and EAGLE at 1.17x against 1.98x."""
+    workload = {"prompt_tokens": 512, "output_tokens": 256, "temperature": 0.0, "structure": "code", "concurrency": 1}
+    body = example_scenario(gpu="H200-SXM", vllm_version="0.24", workload=workload, acceptance=None,
+                            speculator={"method": "draft_model", "draft_model": "llama-3.2-1b-instruct"})
+    answer = post(client, body).get_json()
+    rows = {row["method"]: row for row in answer["methods"]}
+    assert rows["eagle3"]["drafter"] == "eagle3-llama-3.1-8b" and rows["eagle"]["drafter"] == "eagle-llama-3.1-8b"
+    assert rows["eagle3"]["drafter_source"] == "catalog:eagle3-llama-3.1-8b"
+    assert rows["eagle3"]["timing_source"] == rows["ngram"]["timing_source"] == "profile:H200-SXM × vLLM 0.24"
+    for method, row in rows.items():
+        speculator = {"method": method, "num_speculative_tokens": row["num_speculative_tokens"],
+                      **({"draft_model": row["drafter"]} if row["drafter"] else {})}
+        own = post(client, {**body, "speculator": speculator}).get_json()
+        assert own["speedup"]["expected"] == pytest.approx(row["expected_speedup"], rel=1e-9), method
+        assert own["acceptance"]["mean_acceptance_length"] == pytest.approx(row["mean_acceptance_length"], rel=1e-9)
+    assert [r["method"] for r in answer["methods"]][:2] == ["eagle3", "eagle"]  # the heads beat copying here
+    vicuna = post(client, example_scenario(target_model="vicuna-7b-v1.3", acceptance=None,
+                                           speculator={"method": "ngram"})).get_json()
+    heads = {r["method"]: r["drafter_source"] for r in vicuna["methods"] if r["drafter"]}
+    assert heads == {"eagle": "catalog:eagle-vicuna-7b-v1.3",  # Vicuna's own head; no EAGLE-3 head for it
+                     "eagle3": "default:synthesized head (vLLM needs a head trained for this target)"}
+
+
 def test_acceptance_without_a_speculator_is_a_422_naming_the_speculator(client):
     body = example_scenario()
     del body["speculator"]
