@@ -115,10 +115,10 @@ def main(args: argparse.Namespace) -> None:
         draft = model_specs[scenario.speculator.draft_model] if scenario.speculator.draft_model else None
         gpu = gpu_specs[scenario.gpu]
         try:
-            answer = cm.predict(scenario, gpu, model_specs[scenario.target_model], draft, calibration=cal,
-                                catalog_sources={"x": "y"},
-                                profile=cm.matching_profile(profiles, gpu, scenario.vllm_version,
-                                                            measured_gpus)).json_text
+            target = model_specs[scenario.target_model]
+            answer = cm.predict(scenario, gpu, target, draft, calibration=cal, catalog_sources={"x": "y"},
+                                profile=cm.matching_profile(profiles, gpu, scenario.vllm_version, measured_gpus),
+                                heads=cm.compared_heads(target, model_specs.values())).json_text
         except cm.CostModelError as exc:
             answer = f"error {exc.field}: {exc.message}"
         lines.append(f"{i} answer {answer}")

@@ -10,9 +10,9 @@ from .acceptance import (al_from_per_position, alpha_from_al, expected_tokens_ii
 from .checks import check_draft
 from .decision import GO_THRESHOLD, decide
 from .memory import kv_bytes_per_token, memory_report, weights_bytes
-from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch, conditions_mismatch,
-                      dynamic_table,
-                      finite_json, matching_profile, predict, profile_summary, speedup_point)
+from .predict import (CURVE_CONCURRENCY, HEAD_KINDS, Prediction, calibrated_acceptance, calibration_mismatch,
+                      compared_heads, conditions_mismatch, dynamic_table, finite_json, matching_profile, predict,
+                      profile_summary, speedup_point)
 from .priors import prior_acceptance
 from .steptime import default_prefill_params, default_step_time_params, step_time_s
 from .types import (COST_MODEL_VERSION, ENGINES, KV_CACHE_DTYPES, METHODS, MODEL_KINDS, STRUCTURES, WEIGHTS_DTYPES,
@@ -22,7 +22,7 @@ from .types import (COST_MODEL_VERSION, ENGINES, KV_CACHE_DTYPES, METHODS, MODEL
 
 __all__ = [
     "AcceptanceInput", "AcceptanceModel", "COST_MODEL_VERSION", "CURVE_CONCURRENCY", "Calibration",
-    "calibrated_acceptance", "calibration_mismatch", "conditions_mismatch",
+    "calibrated_acceptance", "calibration_mismatch", "compared_heads", "conditions_mismatch", "HEAD_KINDS",
     "CostModelError", "ENGINES", "MeasuredEngineProfile", "matching_profile", "profile_summary", "GO_THRESHOLD", "GpuSpec", "Issue", "METHODS", "MODEL_KINDS", "ModelSpec",
     "Prediction", "PrefillParams", "STRUCTURES", "Scenario", "Slo", "Speculator", "StepTimeParams", "TcoLoad",
     "KV_CACHE_DTYPES", "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",

@@ -935,6 +935,20 @@ def _prior(method: str, structure: str, target: ModelSpec, head: ModelSpec | Non
     return prior_acceptance(method, structure, target, head)
 
 
+HEAD_KINDS = {"eagle_head": "eagle", "eagle3_head": "eagle3"}  # the compared methods that need a trained head
+
+
+def compared_heads(target: ModelSpec, models: Iterable[ModelSpec]) -> dict[str, ModelSpec]:
+    """Of ``models`` (a catalog), the EAGLE and EAGLE-3 head for ``target`` (method -> spec; the first by name that
+    fits it, :func:`check_draft`): what :func:`predict`'s compared methods are priced with."""
+    heads: dict[str, ModelSpec] = {}
+    for spec in sorted((m for m in models if m.kind in HEAD_KINDS), key=lambda m: m.name):
+        method = HEAD_KINDS[spec.kind]
+        if method not in heads and not any(i.severity == "error" for i in check_draft(target, spec, method)):
+            heads[method] = spec
+    return heads
+
+
 def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, ...]:
     """The methods compared with the scenario's: n-gram, suffix, EAGLE-3, EAGLE, each priced as its own answer
     would price it: the catalog's head for the target (``heads``; else a synthesized one), timed by the rule of the

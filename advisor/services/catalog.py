@@ -184,22 +184,17 @@ _HEADS: dict[tuple[Any, costmodel.ModelSpec], tuple[float, dict[str, costmodel.M
 
 
 def compared_heads(target: costmodel.ModelSpec) -> dict[str, costmodel.ModelSpec]:
-    """The catalog's EAGLE and EAGLE-3 head for ``target`` (method -> spec; the first by name that fits it), which
-    an answer's compared methods are priced with (``costmodel.predict``: a method without one gets a synthesized
-    head and its priors)."""
+    """The catalog's EAGLE and EAGLE-3 head for ``target`` (:func:`advisor.costmodel.compared_heads`), which an
+    answer's compared methods are priced with."""
     key, now = (db.engine.url, target), time.monotonic()
     hit = _HEADS.get(key)
     if hit is not None and now - hit[0] < current_app.config.get("CATALOG_CACHE_S", 5.0):
         return hit[1]
-    heads: dict[str, costmodel.ModelSpec] = {}
     with db.engine.connect() as connection:  # its own connection, back in the pool at once (see _snapshot)
-        rows = connection.execute(select(Model.__table__).where(Model.kind.in_(("eagle_head", "eagle3_head")))
-                                  .order_by(Model.name)).all()
-    for row in rows:
-        spec = _spec(costmodel.ModelSpec, SimpleNamespace(**row._mapping))
-        method = HEAD_METHODS[spec.kind]
-        if method not in heads and not any(i.severity == "error" for i in costmodel.check_draft(target, spec, method)):
-            heads[method] = spec
+        rows = connection.execute(select(Model.__table__).where(
+            Model.kind.in_(tuple(costmodel.HEAD_KINDS)))).all()
+    heads = costmodel.compared_heads(target, (_spec(costmodel.ModelSpec, SimpleNamespace(**row._mapping))
+                                              for row in rows))
     if len(_HEADS) >= _MAX_SNAPSHOTS:
         _HEADS.clear()
     _HEADS[key] = (now, heads)
