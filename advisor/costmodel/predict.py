@@ -930,6 +930,12 @@ _SYNTHESIZED = "default:synthesized head (vLLM needs a head trained for this tar
 
 
 @lru_cache(maxsize=256)
+def _synthesized_head(target: ModelSpec, method: str) -> ModelSpec:
+    """A compared method's head where the catalog has none for ``target`` (pure: cached per target)."""
+    return synthesized_head(target, f"{method}_head")
+
+
+@lru_cache(maxsize=256)
 def _prior(method: str, structure: str, target: ModelSpec, head: ModelSpec | None) -> AcceptanceModel:
     """A compared method's prior acceptance (pure: cached per target and head)."""
     return prior_acceptance(method, structure, target, head)
@@ -961,9 +967,10 @@ def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, .
         if m == s.speculator.method:
             continue
         head, source = None, "none"
-        if m not in COPY_DRAFTERS:
-            head, source = heads.get(m), f"catalog:{heads[m].name}" if m in heads else _SYNTHESIZED
-            head = head or synthesized_head(ctx.target, f"{m}_head")
+        if m in heads:
+            head, source = heads[m], f"catalog:{heads[m].name}"
+        elif m not in COPY_DRAFTERS:
+            head, source = _synthesized_head(ctx.target, m), _SYNTHESIZED
         steps = engine_steps(ctx.gpu, s.engine, ctx.target, head, m, ctx.calibration, ctx.profile)
         measured = None if ctx.calibration is None else calibrated_acceptance(
             ctx.calibration, m, head.name if head is not None else None, structure)
