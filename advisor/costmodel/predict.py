@@ -360,7 +360,9 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
 
 
 def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = None,
-           draft_step: StepTimeParams | None = None, target_step: StepTimeParams | None = None) -> CycleSetup:
+           steps: EngineSteps | None = None) -> CycleSetup:
+    """The scenario's speculative cycle, or (``method``, ``draft`` timed by ``steps``) another method's on the
+    scenario's target and workload."""
     s = ctx.scenario
     method = method or s.speculator.method
     draft = ctx.draft if draft is None and method == s.speculator.method else draft
@@ -372,9 +374,10 @@ def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = No
         tree = engine_profile(s.engine).tree_verify_tokens
     if tree:
         width = max((tree - 1) / ctx.k_ref, 1.0)
-    return CycleSetup(method, tc, dc, target_step or ctx.target_step, draft_step or ctx.draft_step,
-                      ctx.target_prefill, ctx.draft_prefill, s.workload.prompt_tokens, s.workload.output_tokens, width,
-                      temperature=s.workload.temperature)
+    if steps is None:
+        steps = EngineSteps(ctx.target_step, ctx.draft_step, ctx.target_prefill, ctx.draft_prefill, ctx.step_source)
+    return CycleSetup(method, tc, dc, steps.target_step, steps.draft_step, steps.target_prefill, steps.draft_prefill,
+                      s.workload.prompt_tokens, s.workload.output_tokens, width, temperature=s.workload.temperature)
 
 
 def _k_max(ctx: Context) -> int:
@@ -976,7 +979,7 @@ def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, .
             ctx.calibration, m, head.name if head is not None else None, structure)
         acc = measured if measured is not None else _prior(m, structure, ctx.target, head)
         acc_source = f"calibration:{ctx.calibration.run_id}" if measured is not None else acc.source.split(";")[0]
-        setup = _setup(ctx, m, head, steps.draft_step, steps.target_step)
+        setup = _setup(ctx, m, head, steps)
         out.append(Compared(m, head, setup, acc, source, acc_source, steps.spec_source or steps.source))
     return tuple(out)
 

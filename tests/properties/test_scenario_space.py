@@ -160,6 +160,37 @@ def test_the_method_comparison_never_changes_the_answer(sc):
     assert with_cmp == without
 
 
+PROFILES = [cm.MeasuredEngineProfile.from_dict(r)
+            for r in json.loads((DATA / "engine_profiles.json").read_text())["items"]]
+PROFILED_GPUS = {p.gpu: GPUS[p.gpu] for p in PROFILES}
+
+
+@settings(RUNS, max_examples=60)
+@given(scenarios(), st.booleans())
+def test_each_compared_method_is_priced_as_its_own_answer(sc, versioned):
+    """Every row of ``methods`` for a catalog drafter (or none) is the point estimate that naming it answers, at
+    the row's k, with the catalog's heads and, for a scenario naming vLLM 0.24, the profile's fits: where no
+    request queues (the compared rows share the scenario's resident caps)."""
+    assume(sc.workload.concurrency is not None)
+    sc = dataclasses.replace(sc, acceptance=None, vllm_version="0.24" if versioned else None)
+    heads = cm.compared_heads(MODELS[sc.target_model], MODELS.values())
+    profile = cm.matching_profile(PROFILES, GPUS[sc.gpu], sc.vllm_version, PROFILED_GPUS)
+    answer = predict(sc, heads=heads, profile=profile)
+    assume(answer.get("methods") and not answer["concurrency"]["queued"])
+    checked = 0
+    for row in answer["methods"]:
+        if row["method"] == sc.speculator.method or (row["drafter"] and row["drafter"] not in MODELS):
+            continue  # the scenario's own row; a synthesized head (no catalog row to name)
+        own = predict(dataclasses.replace(sc, speculator=cm.Speculator(row["method"], row["drafter"],
+                                                                       row["num_speculative_tokens"])),
+                      heads=heads, profile=profile)
+        if own.get("speedup") is None or own["concurrency"]["queued"]:
+            continue
+        assert own["speedup"]["expected"] == pytest.approx(row["expected_speedup"], rel=1e-9), (row["method"], sc)
+        checked += 1
+    assert checked >= 1  # n-gram or suffix at least
+
+
 @settings(RUNS, max_examples=150)
 @given(scenarios(), st.floats(0.05, 0.95), st.floats(0.05, 0.95))
 def test_speedup_does_not_decrease_with_acceptance(sc, a, b):
