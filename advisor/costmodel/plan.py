@@ -24,7 +24,7 @@ import numpy as np
 
 from .acceptance import draft_fraction_at, per_position_rates
 from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, memory_report
-from .predict import engine_steps
+from .predict import EngineSteps, engine_steps, timing_run
 from .simulate import EngineLimits, SimResult, SpecDecode, StepModel, Traffic, _StepClock, kv_capacity_tokens, simulate
 from .steptime import forward_cost
 from .types import (AcceptanceModel, Calibration, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec,
@@ -72,15 +72,16 @@ class GpuOffer:
     prefill: PrefillParams
     timing_source: str  # "default" | "calibration:<run id>" | "profile:<name>"
     profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from, if any
-    calibration: Calibration | None = None  # the calibration run the timing came from, if any
+    # the calibration runs that timed the target on this GPU, newest first (the first times the baseline)
+    calibrations: tuple[Calibration, ...] = ()
 
-    def speculative_steps(self, target: ModelSpec, drafter: ModelSpec | None,
-                          method: str) -> tuple[StepTimeParams, StepTimeParams]:
-        """(target, drafter) step-time parameters of this GPU's engine speculating with ``drafter`` by ``method``,
-        by ``predict``'s rule (:func:`~advisor.costmodel.predict.engine_steps`): a timed drafter's fit for both, an
-        untimed one's stand-in of its method, else the offer's fit for the target and the method's prior."""
-        steps = engine_steps(self.gpu, "vllm", target, drafter, method, self.calibration, self.profile)
-        return steps.target_step, steps.draft_step
+    def speculative_steps(self, target: ModelSpec, drafter: ModelSpec | None, method: str) -> EngineSteps:
+        """This GPU's engine speculating with ``drafter`` by ``method``, timed as ``predict`` times it: by the run
+        a recommendation would take (``timing_run``: the one that timed that drafter, else one of its method) and
+        ``engine_steps``' rule (a timed drafter's fit for the target's steps too, an untimed one's stand-in of its
+        method, else the offer's fit for the target and the method's prior)."""
+        cal = timing_run(self.calibrations, target.name, drafter.name if drafter is not None else None, method)
+        return engine_steps(self.gpu, "vllm", target, drafter, method, cal, self.profile)
 
 
 @dataclass(frozen=True)
@@ -327,20 +328,21 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
             reasons.append(f"{_spec_name(cand)}: drafter + KV do not fit")
             continue
         dcost = forward_cost(gpu, cand.draft, "bf16", tp, plan.kv_cache_dtype) if cand.draft is not None else None
-        target_step, draft_step = offer.speculative_steps(target, cand.draft, cand.method)
-        smodel = StepModel(cost, target_step, offer.prefill, dcost, draft_step, plan.temperature)
+        steps = offer.speculative_steps(target, cand.draft, cand.method)
+        smodel = StepModel(cost, steps.target_step, offer.prefill, dcost, steps.draft_step, plan.temperature)
         slimits = replace(limits, kv_capacity_tokens=kv_capacity_tokens(
             smem.kv_space_gb, smem.kv_bytes_per_token_target, smem.kv_bytes_per_token_draft))
         for k in ([kmax] if kmax else range(1, MAX_K + 1)):
             spec = _spec_decode(cand, k, plan.temperature)
             gain = tokens_per_engine_second(smodel, spec, op_batch, mean_ctx) / base_tps
             if gain > chosen_gain:
-                chosen, chosen_gain = (cand, _Mode(smodel, slimits, spec)), gain
+                chosen, chosen_gain = (cand, _Mode(smodel, slimits, spec), steps.spec_source or steps.source), gain
     spec_row = _row(plan, offer, tp, "speculative", None)
     if chosen is None:
         rows.append(_infeasible(spec_row, "; ".join(reasons) or "no speculator applies to this target"))
         return rows
-    cand, mode = chosen
+    cand, mode, timing = chosen
+    spec_row["sources"]["step_time"] = timing
     spec_row["speculator"] = {"method": cand.method, "draft_model": cand.draft.name if cand.draft else None,
                               "num_speculative_tokens": mode.spec.k,
                               "mean_acceptance_length": float(mode.spec.tokens_pmf() @ np.arange(1, mode.spec.k + 2)),

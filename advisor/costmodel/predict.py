@@ -234,6 +234,19 @@ def conditions_mismatch(calibration: Calibration, gpu: GpuSpec, weights_dtype: s
     return tuple(out)
 
 
+def timing_run(calibrations: Sequence[Calibration], target: str, drafter: str | None = None,
+               method: str | None = None) -> Calibration | None:
+    """Of ``calibrations`` (newest first), the one whose timing prices ``target`` speculating with ``drafter``: the
+    newest that timed that drafter's engine (its fit holds the target's steps on the path vLLM ran them with it),
+    else the newest that timed a drafter of its ``method`` (the stand-in, :meth:`Calibration.with_stand_in`), else
+    the newest that timed the target; None where none did."""
+    timed = [cal for cal in calibrations if target in cal.step_time]
+    if drafter is None:
+        return timed[0] if timed else None
+    return next((cal for cal in timed if drafter in cal.step_time),
+                next((cal for cal in timed if method in cal.drafter_methods.values()), timed[0] if timed else None))
+
+
 def calibrated_acceptance(calibration: Calibration, method: str, drafter: str | None,
                           structure: str) -> AcceptanceModel | None:
     """The fit measured for exactly this method, drafter and structure, or None: never another drafter's fit."""

@@ -187,28 +187,16 @@ def _recent_calibrations(hardware: str, target: str) -> list[costmodel.Calibrati
     return calibrations
 
 
-def _timed(calibrations: list[costmodel.Calibration], target: str, drafter: str | None = None,
-           method: str | None = None) -> costmodel.Calibration | None:
-    """The newest of ``calibrations`` that timed ``target`` with, where one is named, that drafter's engine (its fit
-    holds the target's steps on the path vLLM ran them with the drafter), else with a drafter of its ``method`` (the
-    stand-in: ``Calibration.with_stand_in``), else the newest that timed the target."""
-    timed = [cal for cal in calibrations if target in cal.step_time]
-    if drafter is None:
-        return timed[0] if timed else None
-    return next((cal for cal in timed if drafter in cal.step_time),
-                next((cal for cal in timed if method in cal.drafter_methods.values()), timed[0] if timed else None))
-
-
 def _composed(calibrations: list[costmodel.Calibration], target: str, drafter: str | None,
               accepts: Callable[[costmodel.Calibration], bool], method: str | None = None
               ) -> costmodel.Calibration | None:
     """Acceptance from the newest run that ``accepts`` (else the newest run), timing from the newest run that timed
-    the target (:func:`_timed`): a node's timing run (random weights) and its acceptance run on the user's prompts
+    the target (``costmodel.timing_run``): a node's timing run (random weights) and its acceptance run on the user's prompts
     are two runs."""
     if not calibrations:
         return None
     base = next((cal for cal in calibrations if accepts(cal)), calibrations[0])
-    timing = _timed(calibrations, target, drafter, method)
+    timing = costmodel.timing_run(calibrations, target, drafter, method)
     return base.with_timing(timing) if timing is not None else base
 
 
@@ -218,14 +206,6 @@ def plan_runs(gpu: costmodel.GpuSpec, target: str, weights_dtype: str, kv_cache_
     version, where one is asked), at any tensor-parallel size, newest first: what a capacity plan may use."""
     return [cal for cal in _recent_calibrations(gpu.name, target)
             if not costmodel.conditions_mismatch(cal, gpu, weights_dtype, kv_cache_dtype, vllm_version)]
-
-
-def plan_calibration(gpu: costmodel.GpuSpec, target: str, weights_dtype: str, kv_cache_dtype: str = "auto",
-                     vllm_version: str | None = None) -> costmodel.Calibration | None:
-    """The calibration a capacity plan times this GPU with: of :func:`plan_runs`, the newest timing (with the
-    newest run's acceptance; each speculator's acceptance is looked up over all of them)."""
-    runs = plan_runs(gpu, target, weights_dtype, kv_cache_dtype, vllm_version)
-    return _composed(runs, target, None, lambda cal: bool(cal.acceptance))
 
 
 def calibration_for(hardware: str, target: str, scenario: costmodel.Scenario | None = None,

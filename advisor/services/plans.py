@@ -26,9 +26,12 @@ def _conditions(data: dict[str, Any]) -> tuple[str, str, str | None]:
     return data.get("weights_dtype", "bf16"), data.get("kv_cache_dtype", "auto"), data.get("vllm_version")
 
 
-def _calibration(data: dict[str, Any], gpu: costmodel.GpuSpec, target: costmodel.ModelSpec):  # noqa: ANN202
-    """The calibration of ``target`` on ``gpu`` at the plan's conditions (any TP) that times the GPU."""
-    return calibrations.plan_calibration(gpu, target.name, *_conditions(data))
+def _timing_runs(data: dict[str, Any], gpu: costmodel.GpuSpec,
+                 target: costmodel.ModelSpec) -> tuple[costmodel.Calibration, ...]:
+    """The calibrations that timed ``target`` on ``gpu`` at the plan's conditions (any TP), newest first: each
+    speculator is timed by one of them as a recommendation would be (``costmodel.timing_run``)."""
+    return tuple(cal for cal in calibrations.plan_runs(gpu, target.name, *_conditions(data))
+                 if target.name in cal.step_time)
 
 
 def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[GpuOffer], dict[str, str]]:
@@ -48,9 +51,8 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
     offers, sources = [], {}
     for row in rows:
         gpu = catalog.gpu_spec(row)
-        cal = _calibration(data, gpu, target)
-        if cal is not None and target.name not in cal.step_time:
-            cal = None  # no run timed the target on this GPU: its timing is the profile's or the defaults
+        runs = _timing_runs(data, gpu, target)
+        cal = runs[0] if runs else None  # the newest run times the baseline; without one, the profile or defaults
         profile = catalog.engine_profile_for(gpu, data.get("vllm_version")) if cal is None else None
         if cal is not None:
             step = cal.step_time[target.name]
@@ -64,7 +66,7 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
             price, price_source = float(prices[gpu.name]), "input"
         else:
             price, price_source = gpu.gpu_hour_usd, f"catalog:{gpu.name} ({gpu.gpu_hour_usd_date})"
-        offers.append(GpuOffer(gpu, price, price_source, step, pre, timing, profile, cal))
+        offers.append(GpuOffer(gpu, price, price_source, step, pre, timing, profile, runs))
         sources[gpu.name] = row.source
     return offers, sources
 

@@ -246,3 +246,20 @@ def test_a_drafter_the_node_did_not_time_is_priced_by_the_one_of_its_method_it_d
                                          "num_speculative_tokens": 3}, acceptance=None)
     other = client.post("/v1/recommendations", json=eagle).get_json()  # another method: no stand-in, the prior
     assert not any("timed no cycles" in r for r in other["reasons"])
+
+
+def test_a_plan_times_each_speculator_by_the_run_a_recommendation_would(app, client):
+    """A capacity plan on a GPU calibrated more than once times its baseline by the newest run and each speculator
+    by the run a recommendation for it would take: the one that timed its drafter (main: the newest run for all,
+    so an n-gram run after the draft-model run left the draft model at its prior)."""
+    from tests.api.test_plans import example_plan
+
+    timing = _draft_model_timing_run(app)
+    newer = _timing_run(app, 0.004)
+    body = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
+                        workload={"prompt_tokens": 512, "output_tokens": 256, "temperature": 0.0, "structure": "prose"},
+                        speculators=[{"method": "draft_model", "draft_model": DRAFT}])
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.get_json()
+    sources = {o["mode"]: o["sources"]["step_time"] for o in response.get_json()["options"]}
+    assert sources == {"baseline": f"calibration:{newer}", "speculative": f"calibration:{timing}"}

@@ -102,6 +102,12 @@ def test_absurd_loads_are_refused(plan_in):
         plan_capacity(huge)
 
 
+def steps(offer: GpuOffer, target, drafter, method: str) -> tuple:
+    """(target, drafter) step-time parameters of ``offer`` speculating with ``drafter``."""
+    got = offer.speculative_steps(target, drafter, method)
+    return got.target_step, got.draft_step
+
+
 def test_an_offers_untimed_drafter_gets_the_fit_predict_gives_it(gpus, models):
     """A plan and a recommendation price a drafter the engine profile did not time alike: by the profile's fit of
     the timed drafter of its method (its stand-in: 3B by the 1B draft model's engine, at least 20 % spread), and
@@ -120,28 +126,30 @@ def test_an_offers_untimed_drafter_gets_the_fit_predict_gives_it(gpus, models):
     base = GpuOffer(gpu, 3.0, "input", profile.step_time, profile.prefill, f"profile:{profile.name}", profile)
     one_b = profile.drafter_step("llama-3.2-1b-instruct")
     stand_in = dataclasses.replace(one_b, timing_rms_rel=max(one_b.timing_rms_rel, STAND_IN_TIMING_REL))
-    assert base.speculative_steps(target, untimed, "draft_model") == (stand_in, stand_in)
+    assert steps(base, target, untimed, "draft_model") == (stand_in, stand_in)
     methodless = dataclasses.replace(profile, drafter_methods=())  # a profile that says no drafter's method
-    assert dataclasses.replace(base, profile=methodless).speculative_steps(target, untimed, "draft_model") == (
+    assert steps(dataclasses.replace(base, profile=methodless), target, untimed, "draft_model") == (
         profile.step_time, default_drafter_step(gpu, "vllm", "draft_model"))
-    assert base.speculative_steps(target, timed, "eagle3") == (profile.drafter_step(timed.name),) * 2
+    assert steps(base, target, timed, "eagle3") == (profile.drafter_step(timed.name),) * 2
     scenario = Scenario(gpu="H200-SXM", target_model=target.name, vllm_version="0.24",
                         speculator=Speculator("draft_model", untimed.name, 3), workload=Workload(512, 256, 0.0, "code"))
     ctx = _context(scenario, gpu, target, untimed, None, None, profile)
-    assert (ctx.target_step, ctx.draft_step) == base.speculative_steps(target, untimed, "draft_model")
+    assert (ctx.target_step, ctx.draft_step) == steps(base, target, untimed, "draft_model")
     assert any("priced by the fit of llama-3.2-1b-instruct" in n for n in ctx.calibration_notes)
     ctx = _context(scenario, gpu, target, untimed, None, None, methodless)
     assert (ctx.target_step, ctx.draft_step) == (profile.step_time, default_drafter_step(gpu, "vllm", "draft_model"))
     ctx = _context(dataclasses.replace(scenario, speculator=Speculator("eagle3", timed.name, 3)), gpu, target, timed,
                    None, None, profile)
-    assert (ctx.target_step, ctx.draft_step) == base.speculative_steps(target, timed, "eagle3")
+    assert (ctx.target_step, ctx.draft_step) == steps(base, target, timed, "eagle3")
 
 
 def test_a_calibrated_offer_prices_drafters_as_predict_does(gpus, models):
     """A plan timed by the user's calibration prices each drafter as a recommendation does (one rule,
     ``engine_steps``): the drafter the run timed by its engine's fit, for the target's steps too (main: the target's
     plain fit for both, a draft model's host cost per forward left out); another draft model by that fit, its spread
-    at least 20 % (the stand-in); a copy drafter by the target's fit and the method's prior, as on a default offer."""
+    at least 20 % (the stand-in); a copy drafter by the target's fit and the method's prior, as on a default offer.
+    Each by the run a recommendation would take (``timing_run``): the draft models by the older run that timed the
+    1B, n-gram by the newer run."""
     import dataclasses
 
     from advisor.costmodel.predict import _context
@@ -154,17 +162,20 @@ def test_a_calibrated_offer_prices_drafters_as_predict_does(gpus, models):
     engine = dataclasses.replace(plain, proposer_overhead_s=0.006, timing_rms_rel=0.05, source="calibration")
     cal = Calibration(7, gpu.name, {target.name: plain, one_b.name: engine}, {}, {}, 64, (0.0, 0.0),
                       drafter_methods={one_b.name: "draft_model"})
-    calibrated = GpuOffer(gpu, 3.0, "input", plain, default_prefill_params(gpu), "calibration:7", None, cal)
+    newer = Calibration(8, gpu.name, {target.name: plain}, {}, {}, 64, (0.0, 0.0))  # an n-gram run, no drafter
+    calibrated = GpuOffer(gpu, 3.0, "input", plain, default_prefill_params(gpu), "calibration:8", None, (newer, cal))
     stand_in = dataclasses.replace(engine, timing_rms_rel=STAND_IN_TIMING_REL)
-    assert calibrated.speculative_steps(target, one_b, "draft_model") == (engine, engine)
-    assert calibrated.speculative_steps(target, three_b, "draft_model") == (stand_in, stand_in)
-    assert calibrated.speculative_steps(target, None, "ngram") == offer(gpu).speculative_steps(target, None, "ngram") \
+    assert steps(calibrated, target, one_b, "draft_model") == (engine, engine)
+    assert steps(calibrated, target, three_b, "draft_model") == (stand_in, stand_in)
+    assert calibrated.speculative_steps(target, three_b, "draft_model").source == "calibration:7"
+    assert steps(calibrated, target, None, "ngram") == steps(offer(gpu), target, None, "ngram") \
         == (plain, default_drafter_step(gpu, "vllm", "ngram"))
+    assert calibrated.speculative_steps(target, None, "ngram").source == "calibration:8"
     for method, drafter in (("draft_model", one_b), ("draft_model", three_b), ("ngram", None)):
         scenario = Scenario(gpu=gpu.name, target_model=target.name, speculator=Speculator(method, drafter and
                             drafter.name, 3), workload=Workload(512, 256, 0.0, "code"))
         ctx = _context(scenario, gpu, target, drafter, cal, None)
-        assert (ctx.target_step, ctx.draft_step) == calibrated.speculative_steps(target, drafter, method)
+        assert (ctx.target_step, ctx.draft_step) == steps(calibrated, target, drafter, method)
 
 
 def test_lambda_star_is_read_from_steady_state_runs(gpus, models):
