@@ -190,9 +190,9 @@ def _recent_calibrations(hardware: str, target: str) -> list[costmodel.Calibrati
 def _composed(calibrations: list[costmodel.Calibration], target: str, drafter: str | None,
               accepts: Callable[[costmodel.Calibration], bool], method: str | None = None
               ) -> costmodel.Calibration | None:
-    """Acceptance from the newest run that ``accepts`` (else the newest run), timing from the newest run that timed
-    the target (``costmodel.timing_run``): a node's timing run (random weights) and its acceptance run on the user's prompts
-    are two runs."""
+    """Acceptance from the newest run that ``accepts`` (else the newest run), timing from the run that timed the
+    target with ``drafter`` (``costmodel.timing_run``): a node's timing run (random weights) and its acceptance run
+    on the user's prompts are two runs."""
     if not calibrations:
         return None
     base = next((cal for cal in calibrations if accepts(cal)), calibrations[0])
