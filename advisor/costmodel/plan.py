@@ -71,7 +71,9 @@ class GpuOffer:
     step: StepTimeParams
     prefill: PrefillParams
     timing_source: str  # "default" | "calibration:<run id>" | "profile:<name>"
-    profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from, if any
+    # the measured profile of this GPU × the plan's vLLM version, if any: it times the GPU where no calibration run
+    # did, and where one did, a drafter of a method no run timed (engine_steps)
+    profile: MeasuredEngineProfile | None = None
     # the calibration runs that timed the target on this GPU, newest first (the first times the baseline)
     calibrations: tuple[Calibration, ...] = ()
 

@@ -335,6 +335,16 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     notes: tuple[str, ...] = ()
     if calibration is not None and draft is not None:
         calibration = calibration.with_stand_in(draft.name, method)
+        if (draft.name not in calibration.step_time and profile is not None
+                and profile.with_stand_in(draft.name, method).drafter_step(draft.name) is not None):
+            # the run timed no drafter of this method and the profile did: its fit of the drafter's engine times the
+            # answer, baseline included (one fit for both sides of the ratio). On the H200's EAGLE leases a run
+            # without the head's fit priced them within 17-25 %, 10-18 signs of 12-24 wrong; the profile within
+            # 6-13 %, every sign but one right (docs/calibration.md, "A drafter the node did not time")
+            notes += (f"calibration run {calibration.timing_source.split(':')[-1]} timed no cycles of {draft.name} "
+                      f"or of another {method} drafter: the profile {profile.name} times this answer; calibrate "
+                      f"with {draft.name} to time it on your node",)
+            calibration = None
     t_step, t_pre, step_source = _step_params(gpu, target, engine, calibration, profile)
     d_step, d_pre, d_source = _step_params(gpu, draft, engine, calibration)
     stand_in = calibration.drafter_stand_ins.get(draft.name) if calibration is not None and draft is not None else None

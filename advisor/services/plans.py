@@ -53,7 +53,8 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
         gpu = catalog.gpu_spec(row)
         runs = _timing_runs(data, gpu, target)
         cal = runs[0] if runs else None  # the newest run times the baseline; without one, the profile or defaults
-        profile = catalog.engine_profile_for(gpu, data.get("vllm_version")) if cal is None else None
+        # the profile times the GPU without a run, and with one each drafter of a method no run timed
+        profile = catalog.engine_profile_for(gpu, data.get("vllm_version"))
         if cal is not None:
             step = cal.step_time[target.name]
             pre = cal.prefill.get(target.name) or costmodel.default_prefill_params(gpu)

@@ -263,3 +263,25 @@ def test_a_plan_times_each_speculator_by_the_run_a_recommendation_would(app, cli
     assert response.status_code == 201, response.get_json()
     sources = {o["mode"]: o["sources"]["step_time"] for o in response.get_json()["options"]}
     assert sources == {"baseline": f"calibration:{newer}", "speculative": f"calibration:{timing}"}
+
+
+def test_a_head_no_run_timed_is_timed_by_the_versions_profile(app, client):
+    """A node calibrated with n-gram only, asked about an EAGLE-3 head with vLLM 0.24: the H200 profile's fit of the
+    head's engine times the answer (a run without the head's method priced the H200's EAGLE leases 17-25 % off,
+    the profile 6-13 %: ``test_gpu_data.py::test_a_head_the_node_did_not_time_is_timed_by_the_profile``), and the
+    reasons say so; n-gram keeps the node's own timing. main: the node's target fit and the head's prior."""
+    step = {"bandwidth_efficiency": 0.8, "compute_efficiency": 0.6, "fixed_overhead_s": 0.004, "source": "calibration"}
+    run_id = _succeeded(app, {"hardware": "H200-SXM", "target_model": TARGET, "method": "ngram", "temperatures": [0.0],
+                              "batch_sizes": [1, 8, 64]}, "step_time", {"enforce_eager": False},
+                        [{"kind": "step_time", "key": TARGET, "params": step}])
+    head = example_scenario(gpu="H200-SXM", vllm_version="0.24", acceptance=None,
+                            speculator={"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"})
+    answer = client.post("/v1/recommendations", json=head).get_json()
+    assert answer["provenance"]["step_ms.verify"] == "profile:H200-SXM × vLLM 0.24"
+    assert answer["engine_profile"]["name"] == "H200-SXM × vLLM 0.24"
+    assert any(f"calibration run {run_id} timed no cycles of eagle3-llama-3.1-8b or of another eagle3 drafter" in r
+               for r in answer["reasons"]), answer["reasons"]
+    ngram = client.post("/v1/recommendations", json={**head, "speculator": {"method": "ngram"}}).get_json()
+    assert ngram["provenance"]["step_ms.verify"] == f"calibration:{run_id}"
+    unversioned = client.post("/v1/recommendations", json={**head, "vllm_version": None}).get_json()
+    assert unversioned["provenance"]["step_ms.verify"] == f"calibration:{run_id}"  # no version named: no profile
