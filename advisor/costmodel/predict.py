@@ -335,7 +335,7 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     notes: tuple[str, ...] = ()
     if calibration is not None and draft is not None:
         calibration = calibration.with_stand_in(draft.name, method)
-        if (draft.name not in calibration.step_time and profile is not None
+        if (draft.name not in calibration.step_time and profile is not None and engine == "vllm"
                 and profile.with_stand_in(draft.name, method).drafter_step(draft.name) is not None):
             # the run timed no drafter of this method and the profile did: its fit of the drafter's engine times the
             # answer, baseline included (one fit for both sides of the ratio). On the H200's EAGLE leases a run
