@@ -127,6 +127,9 @@ class Context:
     profile: MeasuredEngineProfile | None = None  # the measured GPU × vLLM profile the timing came from
     # the speculative engine's timing source where it is not step_source (a drafter carried from another profile)
     spec_step_source: str | None = None
+    # the measured profile of the GPU × the scenario's vLLM version, whether or not it timed this answer (the
+    # compared methods' engines are timed by the same rule: engine_steps)
+    version_profile: MeasuredEngineProfile | None = None
 
 
 def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
@@ -308,7 +311,7 @@ def _context(s: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | No
     return Context(s, gpu, target, draft, draft_source, calibration, dict(catalog_sources or {}), steps.target_step,
                    steps.draft_step, steps.target_prefill, steps.draft_prefill, steps.source, acc, acc_source, k_ref,
                    notes + steps.notes, s.acceptance is not None and s.acceptance.draft_fraction is not None,
-                   steps.profile, steps.spec_source)
+                   steps.profile, steps.spec_source, profile)
 
 
 @dataclass(frozen=True)
@@ -997,7 +1000,7 @@ def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, .
             head, source = heads[m], f"catalog:{heads[m].name}"
         elif m not in COPY_DRAFTERS:
             head, source = _synthesized_head(ctx.target, m), _SYNTHESIZED
-        steps = engine_steps(ctx.gpu, s.engine, ctx.target, head, m, ctx.calibration, ctx.profile)
+        steps = engine_steps(ctx.gpu, s.engine, ctx.target, head, m, ctx.calibration, ctx.version_profile)
         measured = None if ctx.calibration is None else calibrated_acceptance(
             ctx.calibration, m, head.name if head is not None else None, structure)
         acc = measured if measured is not None else _prior(m, structure, ctx.target, head)

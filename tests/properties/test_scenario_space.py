@@ -165,17 +165,27 @@ PROFILES = [cm.MeasuredEngineProfile.from_dict(r)
 PROFILED_GPUS = {p.gpu: GPUS[p.gpu] for p in PROFILES}
 
 
-@settings(RUNS, max_examples=60)
-@given(scenarios(), st.booleans())
-def test_each_compared_method_is_priced_as_its_own_answer(sc, versioned):
+def _node_calibration(target: str) -> cm.Calibration:
+    """A user's calibration of ``target`` that timed its steps and a 1B draft model's engine (none of EAGLE's)."""
+    plain = cm.StepTimeParams(0.75, 0.45, 8e-4, timing_rms_rel=0.05)
+    engine = dataclasses.replace(plain, proposer_overhead_s=5e-3)
+    return cm.Calibration(9, "any", {target: plain, "llama-3.2-1b-instruct": engine}, {}, {}, 64, (0.0, 1.0),
+                          drafter_methods={"llama-3.2-1b-instruct": "draft_model"})
+
+
+@settings(RUNS, max_examples=80)
+@given(scenarios(), st.booleans(), st.booleans())
+def test_each_compared_method_is_priced_as_its_own_answer(sc, versioned, calibrated):
     """Every row of ``methods`` for a catalog drafter (or none) is the point estimate that naming it answers, at
-    the row's k, with the catalog's heads and, for a scenario naming vLLM 0.24, the profile's fits: where no
-    request queues (the compared rows share the scenario's resident caps)."""
+    the row's k, with the catalog's heads, for a scenario naming vLLM 0.24 the profile's fits, and with a user's
+    calibration that timed a draft model (its stand-in, and the profile for EAGLE heads): where no request queues
+    (the compared rows share the scenario's resident caps)."""
     assume(sc.workload.concurrency is not None)
     sc = dataclasses.replace(sc, acceptance=None, vllm_version="0.24" if versioned else None)
     heads = cm.compared_heads(MODELS[sc.target_model], MODELS.values())
     profile = cm.matching_profile(PROFILES, GPUS[sc.gpu], sc.vllm_version, PROFILED_GPUS)
-    answer = predict(sc, heads=heads, profile=profile)
+    cal = _node_calibration(sc.target_model) if calibrated else None
+    answer = predict(sc, heads=heads, profile=profile, calibration=cal)
     assume(answer.get("methods") and not answer["concurrency"]["queued"])
     checked = 0
     for row in answer["methods"]:
@@ -183,7 +193,7 @@ def test_each_compared_method_is_priced_as_its_own_answer(sc, versioned):
             continue  # the scenario's own row; a synthesized head (no catalog row to name)
         own = predict(dataclasses.replace(sc, speculator=cm.Speculator(row["method"], row["drafter"],
                                                                        row["num_speculative_tokens"])),
-                      heads=heads, profile=profile)
+                      heads=heads, profile=profile, calibration=cal)
         if own.get("speedup") is None or own["concurrency"]["queued"]:
             continue
         assert own["speedup"]["expected"] == pytest.approx(row["expected_speedup"], rel=1e-9), (row["method"], sc)
