@@ -331,10 +331,11 @@ class EngineSteps:
 
 def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec | None, method: str,
                  calibration: Calibration | None, profile: MeasuredEngineProfile | None) -> EngineSteps:
-    """How ``predict`` and the capacity planner time the engine (one rule for both): a calibration run's fits
-    (that applies) before a profile's, before the defaults. A drafter's fit is its engine's, so it prices the
-    target's steps too; a drafter not timed is priced by a timed drafter of its method (its stand-in:
-    ``Calibration.with_stand_in``, ``MeasuredEngineProfile.with_stand_in``), else by its method's prior."""
+    """How ``predict``, its compared methods and the capacity planner time the engine (one rule): a calibration
+    run's fits (that applies) before a profile's, before the defaults. A drafter's fit is its engine's, so it prices
+    the target's steps too; a drafter not timed is priced by a timed drafter of its method (its stand-in:
+    ``Calibration.with_stand_in``, ``MeasuredEngineProfile.with_stand_in``); where the calibration timed no drafter
+    of the method and the profile did, the profile times it all; else the drafter gets its method's prior."""
     notes: tuple[str, ...] = ()
     if calibration is not None and draft is not None:
         calibration = calibration.with_stand_in(draft.name, method)
