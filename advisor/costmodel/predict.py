@@ -339,12 +339,13 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     notes: tuple[str, ...] = ()
     if calibration is not None and draft is not None:
         calibration = calibration.with_stand_in(draft.name, method)
-        if (draft.name not in calibration.step_time and profile is not None and engine == "vllm"
+        if (target.name in calibration.step_time and draft.name not in calibration.step_time
+                and profile is not None and engine == "vllm"
                 and profile.with_stand_in(draft.name, method).drafter_step(draft.name) is not None):
             # the run timed no drafter of this method and the profile did: its fit of the drafter's engine times the
             # answer, baseline included (one fit for both sides of the ratio). On the H200's EAGLE leases a run
-            # without the head's fit priced them within 17-25 %, 10-18 signs of 12-24 wrong; the profile within
-            # 6-13 %, every sign but one right (docs/calibration.md, "A drafter the node did not time")
+            # without the head's fit priced them within 17-25 %, 2-8 signs wrong per lease; the profile within
+            # 6-13 %, 1 sign wrong in 84 points (docs/calibration.md, "A drafter the node did not time")
             notes += (f"calibration run {calibration.timing_source.split(':')[-1]} timed no cycles of {draft.name} "
                       f"or of another {method} drafter: the profile {profile.name} times this answer; calibrate "
                       f"with {draft.name} to time it on your node",)
