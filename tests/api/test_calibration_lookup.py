@@ -1,5 +1,7 @@
-"""Issue 9: the service uses a calibration only for what it measured — never another drafter's, dtype's, TP's or
-engine mode's fit (through the database, as `POST /v1/recommendations` reads it)."""
+"""Issue 9: the service uses a calibration only for what it measured — never another drafter's acceptance, nor a
+fit of another dtype, TP or engine mode (through the database, as `POST /v1/recommendations` reads it). Issue 8: a
+drafter the run did not time is timed by a timed drafter of its method (the stand-in), else by the version's
+profile where it timed one; plans take each speculator's run as a recommendation does."""
 from __future__ import annotations
 
 import pytest
