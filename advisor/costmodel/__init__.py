@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from .acceptance import (al_from_per_position, alpha_from_al, expected_tokens_iid, per_position_rates,
                          walltime_improvement_iid)
-from .checks import check_draft
+from .checks import HEAD_KINDS, check_draft
 from .decision import GO_THRESHOLD, decide
 from .memory import kv_bytes_per_token, memory_report, weights_bytes
-from .predict import (CURVE_CONCURRENCY, HEAD_KINDS, Prediction, calibrated_acceptance, calibration_mismatch,
+from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch,
                       compared_heads, conditions_mismatch, dynamic_table, finite_json, matching_profile, predict,
-                      profile_summary, speedup_point, timing_run)
+                      profile_summary, speedup_point, step_params, timing_run)
 from .priors import prior_acceptance
 from .steptime import default_prefill_params, default_step_time_params, step_time_s
 from .types import (COST_MODEL_VERSION, ENGINES, KV_CACHE_DTYPES, METHODS, MODEL_KINDS, STRUCTURES, WEIGHTS_DTYPES,
@@ -29,6 +29,6 @@ __all__ = [
     "decide", "default_prefill_params", "default_step_time_params", "dynamic_table", "expected_tokens_iid",
     "finite_json",
     "kv_bytes_per_token", "memory_report", "per_position_rates", "predict", "prior_acceptance", "speedup_point",
-    "step_time_s", "timing_run",
+    "step_params", "step_time_s", "timing_run",
     "walltime_improvement_iid", "weights_bytes",
 ]

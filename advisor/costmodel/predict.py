@@ -13,7 +13,7 @@ import numpy as np
 
 from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fraction_at, model_from_input,
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
-from .checks import check_draft
+from .checks import METHOD_KINDS, check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
 from .memory import MemoryReport, kv_cache_bytes_per_element, memory_report, resident_sequences
 from .priors import prior_acceptance
@@ -132,8 +132,10 @@ class Context:
     version_profile: MeasuredEngineProfile | None = None
 
 
-def _step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
-                 profile: MeasuredEngineProfile | None = None) -> tuple[StepTimeParams, PrefillParams, str]:
+def step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
+                profile: MeasuredEngineProfile | None = None) -> tuple[StepTimeParams, PrefillParams, str]:
+    """``model``'s step-time and prefill fits and their source: the calibration's, else (vLLM) the profile's,
+    else the defaults."""
     if calibration is not None and model is not None and model.name in calibration.step_time:
         step = calibration.step_time[model.name]
         pre = calibration.prefill.get(model.name) or default_prefill_params(gpu, engine)
@@ -350,8 +352,8 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
                       f"or of another {method} drafter: the profile {profile.name} times this answer; calibrate "
                       f"with {draft.name} to time it on your node",)
             calibration = None
-    t_step, t_pre, step_source = _step_params(gpu, target, engine, calibration, profile)
-    d_step, d_pre, d_source = _step_params(gpu, draft, engine, calibration)
+    t_step, t_pre, step_source = step_params(gpu, target, engine, calibration, profile)
+    d_step, d_pre, d_source = step_params(gpu, draft, engine, calibration)
     stand_in = calibration.drafter_stand_ins.get(draft.name) if calibration is not None and draft is not None else None
     if stand_in is not None and d_source != "default":
         notes += (f"calibration run {d_source.split(':')[-1]} timed no cycles of {draft.name}: its engine is priced "
@@ -972,18 +974,16 @@ def _prior(method: str, structure: str, target: ModelSpec, head: ModelSpec | Non
     return prior_acceptance(method, structure, target, head)
 
 
-HEAD_KINDS = {"eagle_head": "eagle", "eagle3_head": "eagle3"}  # the compared methods that need a trained head
+COMPARED_HEAD_METHODS = ("eagle3", "eagle")  # the compared methods that need a head trained for the target
 
 
 def compared_heads(target: ModelSpec, models: Iterable[ModelSpec]) -> dict[str, ModelSpec]:
-    """Of ``models`` (a catalog), the EAGLE and EAGLE-3 head for ``target`` (method -> spec; the first by name that
-    fits it, :func:`check_draft`): what :func:`predict`'s compared methods are priced with."""
-    heads: dict[str, ModelSpec] = {}
-    for spec in sorted((m for m in models if m.kind in HEAD_KINDS), key=lambda m: m.name):
-        method = HEAD_KINDS[spec.kind]
-        if method not in heads and not any(i.severity == "error" for i in check_draft(target, spec, method)):
-            heads[method] = spec
-    return heads
+    """Of ``models`` (a catalog), the EAGLE and EAGLE-3 head for ``target`` (method -> spec; the first by name of
+    the method's kind that fits it, :func:`check_draft`): what :func:`predict`'s compared methods are priced with."""
+    specs = sorted(models, key=lambda m: m.name)
+    heads = {m: next((spec for spec in specs if spec.kind in METHOD_KINDS[m] and not any(
+        i.severity == "error" for i in check_draft(target, spec, m))), None) for m in COMPARED_HEAD_METHODS}
+    return {m: spec for m, spec in heads.items() if spec is not None}
 
 
 def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, ...]:

@@ -52,17 +52,10 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
     for row in rows:
         gpu = catalog.gpu_spec(row)
         runs = _timing_runs(data, gpu, target)
-        cal = runs[0] if runs else None  # the newest run times the baseline; without one, the profile or defaults
         # the profile times the GPU without a run, and with one each drafter of a method no run timed
         profile = catalog.engine_profile_for(gpu, data.get("vllm_version"))
-        if cal is not None:
-            step = cal.step_time[target.name]
-            pre = cal.prefill.get(target.name) or costmodel.default_prefill_params(gpu)
-            timing = cal.timing_source
-        elif profile is not None:  # the GPU × vLLM version's measured profile, as a recommendation would use it
-            step, pre, timing = profile.step_time, profile.prefill, f"profile:{profile.name}"
-        else:
-            step, pre, timing = costmodel.default_step_time_params(gpu), costmodel.default_prefill_params(gpu), "default"
+        # the baseline: the newest run's fits, else the profile's, else the defaults (as a recommendation's)
+        step, pre, timing = costmodel.step_params(gpu, target, "vllm", runs[0] if runs else None, profile)
         if gpu.name in prices:
             price, price_source = float(prices[gpu.name]), "input"
         else:
