@@ -499,21 +499,23 @@ def measurement_rows(workdir: Path) -> list[dict]:
 
 def analyze(workdir: Path, out_json: Path | None = None, calibration_dir: Path | None = None,
             remeasured: tuple[Path, ...] = (), profile: bool = False, pooled_with: tuple[Path, ...] = (),
-            uncalibrated: bool = False) -> int:
+            uncalibrated: bool = False, calibrated_profile: bool = False) -> int:
     """Predict ``workdir``'s measurements from the calibration in ``calibration_dir`` (default: the same run); with
     ``pooled_with`` (earlier calibrations of the same conditions), from its fit with their timing records, as a
     product run's fit pools its earlier runs' (:func:`calibration.fit.pool_runs`); with ``remeasured`` (later
     measurements of the same engines), against their pooled speedups (``pool_measurements``); with ``profile``,
     from the engine profile the product prices the run's GPU × vLLM 0.24 by (:func:`shipped_profile`: its own or
     one carried to it) instead of any calibration (the answer a scenario naming that vLLM version gets before its
-    user calibrates); with ``uncalibrated``, from neither (the catalog's defaults: the answer without a version,
-    before its user calibrates)."""
+    user calibrates); with ``calibrated_profile``, from the calibration and that profile together (the answer after
+    its user calibrated: the profile times a drafter of a method the run did not); with ``uncalibrated``, from
+    neither (the catalog's defaults: the answer without a version, before its user calibrates)."""
     from calibration.fit import POOLED_PROBES, pool_runs
 
     records = pool_runs([calibration_records(d) for d in (calibration_dir or workdir, *pooled_with)], POOLED_PROBES)
     gpu = run_gpu(workdir)
-    points, results = predict_measurements(workdir, records, shipped_profile(gpu=gpu) if profile else None,
-                                           uncalibrated=uncalibrated)
+    points, results = predict_measurements(workdir, records,
+                                           shipped_profile(gpu=gpu) if profile or calibrated_profile else None,
+                                           uncalibrated=uncalibrated, with_calibration=calibrated_profile)
     if remeasured:
         points = pool_measurements(points, [measured_speedups(d) for d in remeasured])
     step_fit = results[f"step_time:{TARGET}"]
@@ -610,10 +612,12 @@ def shipped_profile(vllm_version: str = "0.24", gpu: str = GPU):
 
 def predict_measurements(workdir: Path, records: list[dict], profile=None,  # noqa: ANN001
                          adjust: Callable[[Any], Any] | None = None,
-                         uncalibrated: bool = False) -> tuple[list[Point], dict]:
+                         uncalibrated: bool = False, with_calibration: bool = False) -> tuple[list[Point], dict]:
     """``workdir``'s measured points, each with the speedup ``predict`` gives from the calibration ``records``, or
     with ``profile`` (a ``MeasuredEngineProfile``) from that profile and no calibration (the records then give only
-    n-gram's drafted fraction, a workload input), or ``uncalibrated`` from neither (the catalog's defaults); and the
+    n-gram's drafted fraction, a workload input), or ``uncalibrated`` from neither (the catalog's defaults); with
+    ``profile`` and ``with_calibration``, from both, as a scenario naming the profile's vLLM version is priced after its
+    user calibrated (the profile times a drafter of a method the calibration did not time: ``engine_steps``); and the
     fits (``fit_run``'s results). ``adjust``: the fitted
     ``Calibration`` -> the one to predict from (an experiment on the fit's output, benchmarks/calibration_tally.py)."""
     from advisor.costmodel import predict
@@ -623,7 +627,7 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
     target_name, drafter = measured_models(rows, records)
     gpu_name = run_gpu(workdir)
     cal, results = build_gpu_calibration(records, *catalog_specs(run_drafter(records), gpu_name))
-    if target_name != TARGET and not (profile or uncalibrated):
+    if target_name != TARGET and (with_calibration or not (profile or uncalibrated)):
         raise ValueError(f"the calibration timed {TARGET}; a measurement of {target_name} is priced by a profile "
                          "(--profile) or the defaults (--uncalibrated)")
     gpu, target, draft = catalog_specs(drafter, gpu_name, target_name)
@@ -652,7 +656,8 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
             weights_dtype=measured_weights_dtype(r),
             acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
                                        draft_fraction=calibrated_draft_fraction(results) if copy else None))
-        ans = predict(scen, gpu, target, None if copy else draft, None if profile or uncalibrated else cal,
+        calibration = cal if with_calibration or not (profile or uncalibrated) else None
+        ans = predict(scen, gpu, target, None if copy else draft, calibration,
                       compare_methods=False, profile=profile).to_dict()
         sp = ans["speedup"]
         extra = {"decision": ans["decision"], "break_even": ans.get("break_even_concurrency"),
@@ -855,6 +860,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="analyze: predict from the engine profile the product prices the run's GPU x "
                              "vLLM 0.24 by (its own, or one carried to it), no calibration")
+    parser.add_argument("--calibrated-profile", action="store_true",
+                        help="analyze: predict from the calibration and that profile together, as a scenario naming "
+                             "vLLM 0.24 after its user calibrated (the profile times a method the run did not)")
     parser.add_argument("--uncalibrated", action="store_true",
                         help="analyze: predict from the catalog's defaults alone (no calibration, no profile)")
     parser.add_argument("--pooled-with", type=Path, action="append", default=[], metavar="RUN",
@@ -892,7 +900,7 @@ def main(args: argparse.Namespace) -> int:
                                        pool=tuple(args.pool)), indent=1))
         return 0
     return analyze(args.workdir, args.out_json, args.calibration, tuple(args.remeasured), args.profile,
-                   tuple(args.pooled_with), args.uncalibrated)
+                   tuple(args.pooled_with), args.uncalibrated, args.calibrated_profile)
 
 
 if __name__ == "__main__":
