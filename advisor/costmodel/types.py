@@ -1,6 +1,7 @@
 """Typed inputs, parameters and errors of the cost model (pure data, no I/O)."""
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -317,10 +318,8 @@ class Calibration:
         it did, at ``drafter``'s own size, with a timing spread of at least ``STAND_IN_TIMING_REL``: the rule of
         :meth:`MeasuredEngineProfile.with_stand_in`, on the user's own node. Itself where ``drafter`` is timed or no
         drafter of ``method`` is."""
-        if drafter in self.step_time:
-            return self
-        timed = next((name for name, m in self.drafter_methods.items()
-                      if m == method and name in self.step_time and name not in self.drafter_stand_ins), None)
+        timed = None if drafter in self.step_time else timed_drafter_of(
+            method, self.drafter_methods.items(), self.step_time, self.drafter_stand_ins)
         if timed is None:
             return self
         step = self.step_time[timed].with_spread_at_least(STAND_IN_TIMING_REL)
@@ -371,6 +370,13 @@ def minor_version(version: str | None) -> str | None:
     return ".".join(str(version).split(".")[:2]) if version else None
 
 
+def timed_drafter_of(method: str, drafter_methods: Iterable[tuple[str, str]], timed: Container[str],
+                     stand_ins: Container[str]) -> str | None:
+    """The first drafter of ``method`` that was timed (in ``timed``, not itself a stand-in): the fit a drafter of
+    that method that was not timed is priced by (the stand-in rule of calibrations and profiles alike)."""
+    return next((name for name, m in drafter_methods if m == method and name in timed and name not in stand_ins), None)
+
+
 # A drafter priced by another drafter's fit of its method (MeasuredEngineProfile.with_stand_in): its timing spread at
 # least this, as a profile carried to another GPU (docs/gpu-closed-loop.md "Run 21": Qwen3-0.6B by the
 # Llama-3.2-1B draft model's fit on the H200, a median 5 % off, every interval covering).
@@ -418,13 +424,11 @@ class MeasuredEngineProfile:
         separate draft model on the V1 runner without CUDA graphs), and that path's per-forward cost is what the fit
         holds. The timing spread is at least ``STAND_IN_TIMING_REL``. Itself where ``drafter`` is timed or no
         drafter of ``method`` is."""
-        if self.drafter_step(drafter) is not None:
+        timed = None if self.drafter_step(drafter) is not None else timed_drafter_of(
+            method, self.drafter_methods, dict(self.drafters), dict(self.drafter_stand_ins))
+        if timed is None:
             return self
-        stand_ins = dict(self.drafter_stand_ins)
-        timed = next((name for name, m in self.drafter_methods if m == method and name not in stand_ins), None)
-        step = self.drafter_step(timed) if timed is not None else None
-        if step is None:
-            return self
+        step = self.drafter_step(timed)
         step = step.with_spread_at_least(STAND_IN_TIMING_REL)
         origin = self.drafter_origin(timed)
         return dataclasses.replace(
