@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.api.test_plans import example_plan
 from tests.conftest import example_scenario
 
 DRAFT = "llama-3.2-1b-instruct"
@@ -24,14 +25,15 @@ def _run(app, config_extra: dict, engine: dict | None = None) -> int:
                       [{"kind": "acceptance", "key": f"draft_model|{DRAFT}|prose", "params": fit}])
 
 
-def _succeeded(app, request: dict, probe: str, engine: dict, fits: list[dict]) -> int:
+def _succeeded(app, request: dict, probe: str, engine: dict, fits: list[dict], environment: dict | None = None) -> int:
     """A succeeded run of ``request`` holding ``fits`` and one ``probe`` measurement with these engine settings."""
     from advisor.services import calibrations
 
     with app.app_context():
         run = calibrations.create(request, external=True)
         calibrations.record(run, {"measurements": [{"probe": probe, "params": {"engine": engine}, "values": {}}],
-                                  "fits": fits, "status": "succeeded"})
+                                  "fits": fits, "status": "succeeded", **({"environment": environment}
+                                                                          if environment else {})})
         return run.id
 
 
@@ -61,8 +63,6 @@ def test_run_under_other_conditions_is_skipped_for_an_older_one_that_applies(app
 def test_a_plan_takes_only_a_run_measured_at_its_dtypes(app, client):
     """A capacity plan times and accepts with a calibration only where its weights and KV-cache dtypes are the
     plan's (main: the newest run of the GPU and target, whatever it measured)."""
-    from tests.api.test_plans import example_plan
-
     run_id = _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, {"enforce_eager": False, "kv_cache_dtype": "fp8"})
     body = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
                         workload={"prompt_tokens": 512, "output_tokens": 256, "temperature": 0.0, "structure": "prose"},
@@ -135,8 +135,6 @@ def test_a_newer_timing_run_times_the_answer_and_the_older_run_still_accepts(app
 
 
 def test_a_plan_times_with_the_timing_run_when_the_newest_measured_acceptance_only(app, client):
-    from tests.api.test_plans import example_plan
-
     timing = _timing_run(app, 0.004)
     accepted = _acceptance_run(app)
     body = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
@@ -196,8 +194,6 @@ def test_the_cpu_closed_loops_user_prompt_run_is_priced_with_its_timing_run(app,
 def test_a_plan_takes_each_speculators_acceptance_from_the_newest_run_that_measured_it(app, client):
     """An older run measured the 1B drafter's acceptance, a newer one n-gram's on the user's prompts. main: a plan
     took acceptance from the newest run only, and priced the drafter from the prior."""
-    from tests.api.test_plans import example_plan
-
     drafter_run = _run(app, {"draft_model_path": "/models/llama-3.2-1b"}, {"enforce_eager": False})
     ngram_run = _acceptance_run(app)
 
@@ -254,8 +250,6 @@ def test_a_plan_times_each_speculator_by_the_run_a_recommendation_would(app, cli
     """A capacity plan on a GPU calibrated more than once times its baseline by the newest run and each speculator
     by the run a recommendation for it would take: the one that timed its drafter (main: the newest run for all,
     so an n-gram run after the draft-model run left the draft model at its prior)."""
-    from tests.api.test_plans import example_plan
-
     timing = _draft_model_timing_run(app)
     newer = _timing_run(app, 0.004)
     body = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
@@ -287,3 +281,35 @@ def test_a_head_no_run_timed_is_timed_by_the_versions_profile(app, client):
     assert ngram["provenance"]["step_ms.verify"] == f"calibration:{run_id}"
     unversioned = client.post("/v1/recommendations", json={**head, "vllm_version": None}).get_json()
     assert unversioned["provenance"]["step_ms.verify"] == f"calibration:{run_id}"  # no version named: no profile
+
+
+def test_a_scenario_without_a_version_takes_the_profile_of_the_calibrated_nodes(app, client):
+    """A node calibrated on vLLM 0.24 with a draft model, asked about an EAGLE-3 head without naming a version: the
+    answer is for that node, so its version's profile times the head. On an H100 lease the draft-model run left the
+    head at its prior on the node's target fit, 18.7 % off with 2 of 12 signs and 9 of 12 intervals wrong; the
+    profile 7.3 %, 12 / 12 and 12 / 12 (``test_gpu_data.py::test_run22_an_eagle3_head_on_the_h100``). main: the
+    prior, unless the scenario named the version. A run that recorded no version keeps the prior."""
+    head = example_scenario(acceptance=None, speculator={"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"})
+    plain = {"bandwidth_efficiency": 0.8, "compute_efficiency": 0.6, "fixed_overhead_s": 0.004, "source": "calibration"}
+    request = {"hardware": "H100-SXM", "target_model": TARGET, "method": "draft_model", "draft_model": DRAFT,
+               "draft_model_path": "/models/draft", "temperatures": [0.0], "batch_sizes": [1, 8, 64]}
+    fits = [{"kind": "step_time", "key": TARGET, "params": plain},
+            {"kind": "step_time", "key": DRAFT, "params": {**plain, "proposer_overhead_s": 0.006}}]
+    unrecorded = _succeeded(app, request, "step_time", {"enforce_eager": False}, fits)
+    answer = client.post("/v1/recommendations", json=head).get_json()
+    assert answer["provenance"]["step_ms.verify"] == f"calibration:{unrecorded}" and answer["engine_profile"] is None
+    run_id = _succeeded(app, request, "step_time", {"enforce_eager": False}, fits, {"vllm_version": "0.24.0"})
+    answer = client.post("/v1/recommendations", json=head).get_json()
+    assert answer["provenance"]["step_ms.verify"] == "profile:H100-SXM × vLLM 0.24"
+    assert any(f"calibration run {run_id} timed no cycles of eagle3-llama-3.1-8b" in r for r in answer["reasons"])
+    own = client.post("/v1/recommendations", json={**head, "speculator": {"method": "draft_model",
+                                                                          "draft_model": DRAFT}}).get_json()
+    assert own["provenance"]["step_ms.verify"] == f"calibration:{run_id}"  # what the run timed stays the run's
+    plan = example_plan(gpus=["H100-SXM"], tensor_parallel_sizes=[1], load={"requests_per_second": 5},
+                        workload={"prompt_tokens": 512, "output_tokens": 256, "temperature": 0.0, "structure": "code"},
+                        speculators=[head["speculator"]])
+    response = client.post("/v1/plans", json=plan)
+    assert response.status_code == 201, response.get_json()
+    sources = {o["mode"]: o["sources"]["step_time"] for o in response.get_json()["options"]}
+    # the H100's profile carries the H200's fit of the head (its own leases timed none)
+    assert sources == {"baseline": f"calibration:{run_id}", "speculative": "profile:H200-SXM × vLLM 0.24 → H100-SXM"}
