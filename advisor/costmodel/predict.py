@@ -261,25 +261,34 @@ def calibrated_acceptance(calibration: Calibration, method: str, drafter: str | 
     return fit
 
 
+def measured_or_prior(calibration: Calibration | None, method: str, structure: str, target: ModelSpec,
+                      draft: ModelSpec | None) -> tuple[AcceptanceModel, str]:
+    """The acceptance fit the calibration measured for exactly this method, drafter and structure, else the method's
+    prior (``draft`` None for copy drafters), and its source: the scenario's own and each compared method's."""
+    measured = None if calibration is None else calibrated_acceptance(
+        calibration, method, draft.name if draft is not None else None, structure)
+    if measured is not None:
+        return measured, f"calibration:{calibration.run_id}"
+    prior = _prior(method, structure, target, draft)
+    return prior, prior.source.split(";")[0]
+
+
 def _acceptance(s: Scenario, target: ModelSpec, draft: ModelSpec | None, calibration: Calibration | None,
                 k_ref: int) -> tuple[AcceptanceModel, str]:
     method, structure = s.speculator.method, s.workload.structure
     drafter = draft.name if draft is not None and method not in COPY_DRAFTERS else None
-    fit = calibrated_acceptance(calibration, method, drafter, structure) if calibration is not None else None
-    measured = (fit, f"calibration:{calibration.run_id}") if fit is not None else None
+    base, source = measured_or_prior(calibration, method, structure, target, draft)
     given = s.acceptance or AcceptanceInput()
     if given.mean_acceptance_length is not None or given.acceptance_rate is not None or given.per_position:
         model, source = model_from_input(given, k_ref, method, structure, drafter), "input"
         if method in COPY_DRAFTERS:  # a stated AL counts drafted steps only: how often a copy drafter finds a
-            base = measured[0] if measured else prior_acceptance(method, structure, target, draft)  # match comes
-            model = dataclasses.replace(model, draft_fraction=base.draft_fraction,  # from calibration or prior
-                                        draft_fraction_logit=base.draft_fraction_logit,
+            model = dataclasses.replace(model, draft_fraction=base.draft_fraction,  # match comes from calibration
+                                        draft_fraction_logit=base.draft_fraction_logit,  # or prior
                                         draft_fraction_temperature_slope=base.draft_fraction_temperature_slope)
-    elif measured is not None:  # measured on the probe prompts; the workload's prompts accept a little differently
-        model, source = with_transfer_spread(measured[0]), measured[1]
+    elif source.startswith("calibration"):  # measured on the probe prompts; the workload's prompts accept a little
+        model = with_transfer_spread(base)  # differently
     else:
-        model = prior_acceptance(method, structure, target, draft)
-        source = model.source.split(";")[0]
+        model = base
     if given.draft_fraction is not None:  # stated: replaces the calibrated / prior fraction at every temperature
         if not 0.0 < given.draft_fraction <= 1.0:
             raise CostModelError("acceptance.draft_fraction", "must be in (0, 1]")
@@ -1003,10 +1012,7 @@ def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, .
         elif m not in COPY_DRAFTERS:
             head, source = _synthesized_head(ctx.target, m), _SYNTHESIZED
         steps = engine_steps(ctx.gpu, s.engine, ctx.target, head, m, ctx.calibration, ctx.version_profile)
-        measured = None if ctx.calibration is None else calibrated_acceptance(
-            ctx.calibration, m, head.name if head is not None else None, structure)
-        acc = measured if measured is not None else _prior(m, structure, ctx.target, head)
-        acc_source = f"calibration:{ctx.calibration.run_id}" if measured is not None else acc.source.split(";")[0]
+        acc, acc_source = measured_or_prior(ctx.calibration, m, structure, ctx.target, head)
         setup = _setup(ctx, m, head, steps)
         out.append(Compared(m, head, setup, acc, source, acc_source, steps.spec_source or steps.source))
     return tuple(out)
