@@ -384,6 +384,12 @@ class ProbeConfig:
     # then probe one at a time while the others wait idle; an engine start (torch.compile, CUDA-graph capture) is
     # mostly host work, so starting them together takes about one start instead of one per engine
     parallel_starts: bool | None = None
+    # isolated engines in several start groups (an H100's 80 GB holds two of the plan's four 8B engines): spawn each
+    # next group's processes as the current group starts, so that their Python and vLLM imports are done when its
+    # turn comes; they then wait, idle and without a CUDA context, until the current group's engines are gone
+    # (H100 run 22: 15 s between one group's last probe and the next group's engine arguments). Off by default
+    # until a lease has measured it (docs/calibration.md)
+    prespawn_groups: bool = False
     # None: on the CPU (in-process engines), all engines of the plan start together and their timing tasks
     # alternate between them in round pairs (:func:`interleaved_tasks`), so slow drift of the host's speed hits
     # baseline, verify and speculative timings alike instead of whichever engine ran last
@@ -1323,12 +1329,20 @@ class HeldProcess:
     to say go: engines can start together and still be timed one at a time. :meth:`kill` ends the whole group
     (a GPU engine's memory is only free again once its processes are gone)."""
 
-    def __init__(self, argv: list[str], label: str, hold: bool = True):
+    def __init__(self, argv: list[str], label: str, hold: bool = True, gated: bool = False):
         import subprocess
 
-        self.label, self.hold = label, hold
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if hold else subprocess.DEVNULL,
+        self.label, self.hold, self.gated = label, hold, gated
+        self.plan_file: str | None = None  # the engine plan the child reads (removed when the process is ended)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if hold or gated else subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    def release(self) -> None:
+        """Let a gated child (:func:`wait_for_start`) go on from its imports to its engine start."""
+        if self.gated:
+            self.gated = False
+            self.proc.stdin.write("start\n")
+            self.proc.stdin.flush()
 
     def _pump(self, on_event: Callable[[dict], None] | None, until_ready: bool) -> bool:
         for line in self.proc.stdout:
@@ -1369,6 +1383,16 @@ class HeldProcess:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        if self.plan_file:
+            Path(self.plan_file).unlink(missing_ok=True)
+
+
+def wait_for_start(stream=None) -> None:
+    """Child side of a gated :class:`HeldProcess`: with vLLM imported, block until the parent releases it."""
+    from vllm import LLM  # noqa: F401  (what start_engine imports: the time a gate saves)
+
+    if not (stream or sys.stdin).readline():
+        raise RuntimeError("the parent ended before this engine's start group")
 
 
 def wait_for_go(label: str, stream=None) -> None:
@@ -1497,18 +1521,37 @@ def gpu_memory_bytes() -> int | None:
         return None
 
 
-def _run_group_isolated(group: list[EnginePlan], cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
-                        emit: MeasurementCallback, tick: Callable[[str], None], gpu: bool) -> None:
-    """Start ``group``'s engines together, each in its own process (``python -m calibration.probes --engine-plan
-    FILE``); once all are up, let them probe one at a time (the others wait idle: no step of theirs overlaps a
-    timing). On a GPU each gets a share of the memory and a fixed KV cache: vLLM's memory profiling would count the
-    other engines' allocations as its own."""
+def _spawn_group(group: list[EnginePlan], cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]], gpu: bool,
+                 gated: bool = False) -> list[HeldProcess]:
+    """One process per engine of ``group`` (``python -m calibration.probes --engine-plan FILE``); ``gated``: each
+    stops after its imports until :meth:`HeldProcess.release`. On a GPU each engine of a group of several gets a
+    share of the memory and a fixed KV cache: vLLM's memory profiling would count the other engines' allocations
+    as its own."""
     import tempfile
 
     hold = len(group) > 1
-    plan_files: list[str] = []
     if hold and gpu:
         cfg = held_engine_config(cfg, len(group))
+    procs: list[HeldProcess] = []
+    try:
+        for item in group:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump({"config": _config_dict(cfg), "engine": asdict(item), "environment": env,
+                           "prompts": prompts, "hold": hold, "gated": gated}, f, default=str)
+            proc = HeldProcess([sys.executable, "-m", "calibration.probes", "--engine-plan", f.name], item.label,
+                               hold, gated)
+            proc.plan_file = f.name
+            procs.append(proc)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    return procs
+
+
+def _run_group_isolated(procs: list[HeldProcess], emit: MeasurementCallback, tick: Callable[[str], None]) -> None:
+    """Run a start group's engines (:func:`_spawn_group`): once all are up, let them probe one at a time (the
+    others wait idle: no step of theirs overlaps a timing); then end them all."""
     errors: dict[str, str] = {}
 
     def on_event(label: str) -> Callable[[dict], None]:
@@ -1521,28 +1564,38 @@ def _run_group_isolated(group: list[EnginePlan], cfg: ProbeConfig, env: dict, pr
                 errors[label] = event["error"]
         return handle
 
-    procs: list[HeldProcess] = []
     try:
-        for item in group:
-            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-                json.dump({"config": _config_dict(cfg), "engine": asdict(item), "environment": env,
-                           "prompts": prompts, "hold": hold}, f, default=str)
-            plan_files.append(f.name)
-            procs.append(HeldProcess([sys.executable, "-m", "calibration.probes", "--engine-plan", f.name],
-                                     item.label, hold))
-        if hold:
-            for p in procs:
-                if not p.wait_ready(on_event(p.label)):
-                    raise RuntimeError(errors.get(p.label) or f"engine process {p.label} ended before it was ready"
-                                       f" (exit {p.proc.returncode})")
+        for p in procs:
+            p.release()
+        for p in [p for p in procs if p.hold]:
+            if not p.wait_ready(on_event(p.label)):
+                raise RuntimeError(errors.get(p.label) or f"engine process {p.label} ended before it was ready"
+                                   f" (exit {p.proc.returncode})")
         for p in procs:
             if p.run(on_event(p.label)) != 0:
                 raise RuntimeError(errors.get(p.label) or f"engine process {p.label} exited with {p.proc.returncode}")
     finally:
         for p in procs:
             p.kill()
-        for name in plan_files:
-            Path(name).unlink(missing_ok=True)
+
+
+def _run_groups_isolated(groups: list[list[EnginePlan]], cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
+                         emit: MeasurementCallback, tick: Callable[[str], None], gpu: bool,
+                         on_stage: Callable[[str], None]) -> None:
+    """Each start group in turn (:func:`_run_group_isolated`); with ``cfg.prespawn_groups`` the next group's
+    processes are spawned, gated, as the current one starts."""
+    following: list[HeldProcess] = []
+    try:
+        for i, group in enumerate(groups):
+            on_stage("engine " + ", ".join(item.label for item in group))
+            procs = following or _spawn_group(group, cfg, env, prompts, gpu)
+            following = []
+            if cfg.prespawn_groups and i + 1 < len(groups):
+                following = _spawn_group(groups[i + 1], cfg, env, prompts, gpu, gated=True)
+            _run_group_isolated(procs, emit, tick)
+    finally:
+        for p in following:
+            p.kill()
 
 
 def _engine_plan_main(plan_file: str) -> int:
@@ -1555,6 +1608,8 @@ def _engine_plan_main(plan_file: str) -> int:
 
     try:
         inspect_models_in_process()
+        if data.get("gated"):
+            wait_for_start()
         run_engine(item, cfg, data["environment"], data["prompts"],
                    lambda m: events.write(json.dumps({"measurement": asdict(m)}, default=str) + "\n"),
                    lambda msg: events.write(json.dumps({"tick": msg}) + "\n"), rng,
@@ -1614,9 +1669,13 @@ def run_probes(
     try:
         if cfg.isolate_engines:
             memory = gpu_memory_bytes() if cfg.parallel_starts else None
-            for group in start_groups(plan, cfg, memory):
-                stage = "engine " + ", ".join(item.label for item in group)
-                _run_group_isolated(group, cfg, env, prompts, emit, tick, gpu=memory is not None)
+
+            def on_stage(text: str) -> None:
+                nonlocal stage
+                stage = text
+
+            _run_groups_isolated(start_groups(plan, cfg, memory), cfg, env, prompts, emit, tick, memory is not None,
+                                 on_stage)
         elif cfg.engines_together:
             stage = "engines " + ", ".join(item.label for item in plan)
             run_engines_together(plan, cfg, env, prompts, emit, tick, rng)

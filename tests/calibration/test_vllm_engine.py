@@ -99,3 +99,56 @@ def test_whole_cycles_on_text_through_vllm(self_draft_engine):
         [{"role": "user", "content": CODE_PROMPTS[0]}], tokenize=False, add_generation_prompt=True))["input_ids"]
     assert m.kind == "text_cycle" and m.clock == "engine" and len(m.step_s_samples) == 2
     assert abs(m.context_len - len(tokens)) < 12 and m.num_drafts > 0 and m.step_s > 0
+
+
+@pytest.mark.parametrize("prespawn", [True, False])
+def test_isolated_start_groups_spawn_the_next_group_gated(smollm2_path, monkeypatch, prespawn):
+    """``prespawn_groups``: the next start group's engine processes are spawned as the current group starts and
+    released only once its engines are gone, so their imports overlap the current start (H100 run 22: 15 s
+    between groups); without it (the default, as GPU nodes run) each group is spawned after the last one ended.
+    Real vLLM on the CPU, one engine per group (isolated, no parallel starts)."""
+    import time
+
+    from calibration import probes
+
+    events: list[tuple[str, str, float]] = []
+    spawn, release, kill = probes.HeldProcess.__init__, probes.HeldProcess.release, probes.HeldProcess.kill
+
+    def record(name, method):
+        def wrapped(self, *args, **kwargs):
+            out = method(self, *args, **kwargs)
+            events.append((name, self.label, time.monotonic()))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(probes.HeldProcess, "__init__", record("spawn", spawn))
+    monkeypatch.setattr(probes.HeldProcess, "release", lambda self: (events.append(
+        ("release", self.label, time.monotonic())) if self.gated else None, release(self))[-1])
+    monkeypatch.setattr(probes.HeldProcess, "kill", record("kill", kill))
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    cfg = probes.ProbeConfig(model=str(smollm2_path), probes=("memory",), kv_cache_space_gib=1, max_model_len=1024,
+                             max_num_seqs=8, isolate_engines=True, parallel_starts=False, prespawn_groups=prespawn,
+                             drafters=(probes.DrafterSpec("ngram", 2),), host_speed_interval_s=0)
+    result = probes.run_probes(cfg)
+    assert result.status == "succeeded"
+    labels = [m.label for m in result.memory]
+    assert len(labels) >= 2 and len(set(labels)) == len(labels)
+    at = {(name, label): t for name, label, t in events}
+    for first, second in zip(labels, labels[1:]):
+        if prespawn:  # the next group's process exists while this group runs, and goes on once this one is ended
+            assert at["spawn", second] < at["kill", first] <= at["release", second]
+        else:
+            assert at["kill", first] < at["spawn", second] and ("release", second) not in at
+
+
+def test_a_gated_engine_process_waits_for_its_start():
+    """Child side of the gate: vLLM imported, it reads one line; the parent's end (EOF) stops it."""
+    import io
+
+    from calibration.probes import wait_for_start
+
+    stream = io.StringIO("start\ngo\n")
+    wait_for_start(stream)
+    assert stream.readline() == "go\n"  # the hold's go is left for wait_for_go
+    with pytest.raises(RuntimeError, match="parent ended"):
+        wait_for_start(io.StringIO(""))
