@@ -386,7 +386,7 @@ class ProbeConfig:
     parallel_starts: bool | None = None
     # isolated engines in several start groups (an H100's 80 GB holds two of the plan's four 8B engines): spawn each
     # next group's processes as the current group starts, so that their Python and vLLM imports are done when its
-    # turn comes; they then wait, idle and without a CUDA context, until the current group's engines are gone
+    # turn comes; they then wait, idle, until the current group's engines are gone
     # (H100 run 22: 15 s between one group's last probe and the next group's engine arguments). Off by default
     # until a lease has measured it (docs/calibration.md)
     prespawn_groups: bool = False
