@@ -1584,17 +1584,17 @@ def _run_groups_isolated(groups: list[list[EnginePlan]], cfg: ProbeConfig, env: 
                          on_stage: Callable[[str], None]) -> None:
     """Each start group in turn (:func:`_run_group_isolated`); with ``cfg.prespawn_groups`` the next group's
     processes are spawned, gated, as the current one starts."""
+    current: list[HeldProcess] = []
     following: list[HeldProcess] = []
     try:
         for i, group in enumerate(groups):
             on_stage("engine " + ", ".join(item.label for item in group))
-            procs = following or _spawn_group(group, cfg, env, prompts, gpu)
-            following = []
+            current, following = following or _spawn_group(group, cfg, env, prompts, gpu), []
             if cfg.prespawn_groups and i + 1 < len(groups):
                 following = _spawn_group(groups[i + 1], cfg, env, prompts, gpu, gated=True)
-            _run_group_isolated(procs, emit, tick)
-    finally:
-        for p in following:
+            _run_group_isolated(current, emit, tick)
+    finally:  # ended twice at the most: kill() is idempotent
+        for p in current + following:
             p.kill()
 
 
