@@ -428,8 +428,7 @@ class MeasuredEngineProfile:
             method, self.drafter_methods, dict(self.drafters), dict(self.drafter_stand_ins))
         if timed is None:
             return self
-        step = self.drafter_step(timed)
-        step = step.with_spread_at_least(STAND_IN_TIMING_REL)
+        step = self.drafter_step(timed).with_spread_at_least(STAND_IN_TIMING_REL)
         origin = self.drafter_origin(timed)
         return dataclasses.replace(
             self, drafters=(*self.drafters, (drafter, step)),

@@ -131,6 +131,15 @@ def engine_profile_for(gpu: costmodel.GpuSpec, vllm_version: str | None) -> cost
     return costmodel.matching_profile(engine_profiles(), gpu, vllm_version, _profiled_gpus())
 
 
+def answer_profile(gpu: costmodel.GpuSpec, vllm_version: str | None,
+                   run: costmodel.Calibration | None) -> costmodel.MeasuredEngineProfile | None:
+    """The profile an answer (a recommendation, a plan's GPU) is timed by: that of the vLLM version named, else of
+    the one ``run``, the node's calibration, recorded (the answer is for that node). It times the GPU where no run
+    did, and a drafter of a method the run did not time (on an H100, EAGLE-3 after a draft-model run: 18.7 % off
+    with the head's prior, 7.3 % with the profile; docs/gpu-closed-loop.md, "Run 22")."""
+    return engine_profile_for(gpu, vllm_version or (run.vllm_version if run is not None else None))
+
+
 def engine_profile_view(profile: costmodel.MeasuredEngineProfile) -> dict[str, Any]:
     """A profile as ``GET /v1/engine-profiles`` shows it: what an answer says of it, and its measured timing."""
     step, pre = profile.step_time, profile.prefill

@@ -52,8 +52,7 @@ def _offers(data: dict[str, Any], target: costmodel.ModelSpec) -> tuple[list[Gpu
     for row in rows:
         gpu = catalog.gpu_spec(row)
         runs = _timing_runs(data, gpu, target)
-        # the profile times the GPU without a run, and with one each drafter of a method no run timed
-        profile = catalog.engine_profile_for(gpu, data.get("vllm_version") or (runs[0].vllm_version if runs else None))
+        profile = catalog.answer_profile(gpu, data.get("vllm_version"), runs[0] if runs else None)
         # the baseline: the newest run's fits, else the profile's, else the defaults (as a recommendation's)
         step, pre, timing = costmodel.step_params(gpu, target, "vllm", runs[0] if runs else None, profile)
         if gpu.name in prices:

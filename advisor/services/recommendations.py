@@ -72,10 +72,7 @@ def predict(data: dict[str, Any]) -> Answer:
     sources = {gpu.name: gpu_row.source, target.name: target_row.source}
     if draft_row is not None:
         sources[draft_row.name] = draft_row.source
-    # a scenario that names no vLLM version is answered for the calibrated node's: that version's profile times a
-    # drafter of a method the run did not time (on an H100, EAGLE-3 after a draft-model run: 18.7 % -> 7.3 %)
-    version = scenario.vllm_version or (calibration.vllm_version if calibration is not None else None)
-    profile = catalog.engine_profile_for(gpu, version)
+    profile = catalog.answer_profile(gpu, scenario.vllm_version, calibration)
     try:
         prediction = costmodel.predict(scenario, gpu, target, draft, calibration=calibration,
                                        catalog_sources=sources, profile=profile,
