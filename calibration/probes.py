@@ -386,10 +386,10 @@ class ProbeConfig:
     parallel_starts: bool | None = None
     # isolated engines in several start groups (an H100's 80 GB holds two of the plan's four 8B engines): spawn each
     # next group's processes as the current group starts, so that their Python and vLLM imports are done when its
-    # turn comes; they then wait, idle, until the current group's engines are gone
-    # (H100 run 22: 15 s between one group's last probe and the next group's engine arguments). Off by default
-    # until a lease has measured it (docs/calibration.md)
-    prespawn_groups: bool = False
+    # turn comes; they then wait, idle, holding no GPU memory, until the current group's engines are gone. None: on
+    # GPUs (H100 run 23: 150.6 s against 164.6 s without, the same three calibrations' timings within 6.0-7.6 % of
+    # one measurement; docs/gpu-closed-loop.md), off on the CPU build, whose two cores the imports would share
+    prespawn_groups: bool | None = None
     # None: on the CPU (in-process engines), all engines of the plan start together and their timing tasks
     # alternate between them in round pairs (:func:`interleaved_tasks`), so slow drift of the host's speed hits
     # baseline, verify and speculative timings alike instead of whichever engine ran last
@@ -433,6 +433,7 @@ class ProbeConfig:
             else self.engines_together,
             parallel_starts=(on_gpu and (self.isolate_engines is not False)) if self.parallel_starts is None
             else self.parallel_starts,
+            prespawn_groups=on_gpu if self.prespawn_groups is None else self.prespawn_groups,
             kv_cache_space_gib=None if on_gpu else self.kv_cache_space_gib,
             step_clock=self.step_clock or ("engine" if on_gpu else "wall"),
             large_batch_decode_tokens=self.large_batch_decode_tokens or (16 if on_gpu else None),

@@ -7,8 +7,8 @@
 # limits `measure` to those engines; DRAFTER=eagle-llama-3.1-8b times that catalog drafter instead of the 1B draft model;
 # SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration; CYCLE_TOKENS=128 times whole cycles over
 # generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine; QUANT=fp8 quantizes the
-# target in every engine (calibrate and measure; the drafter stays bf16). PRESPAWN=1: the calibration spawns each
-# next start group's engine processes as the current group starts (ProbeConfig.prespawn_groups; off by default).
+# target in every engine (calibrate and measure; the drafter stays bf16). PRESPAWN=0: the calibration spawns each
+# next start group's engine processes only once the current group is gone (ProbeConfig.prespawn_groups, on on GPUs).
 # PROMPT_TOKENS=4096 BATCHES=1,4,16,64 measure at that prompt length and those batch sizes (a long context: every
 # step reads a long KV cache). TARGET_MODEL=qwen3-32b measures that catalog target's shape (with
 # DRAFTER=qwen3-0.6b: a drafter of its vocabulary), priced by a profile.
@@ -33,7 +33,7 @@ for arg in "$@"; do
                [ -n "${CYCLE_TOKENS:-}" ] && cmd+=(--cycle-tokens "$CYCLE_TOKENS")
                [ -n "${VERIFY_PER_K:-}" ] && cmd+=(--verify-per-k)
                [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT")
-               [ -n "${PRESPAWN:-}" ] && cmd+=(--set prespawn_groups=true) ;;
+               [ "${PRESPAWN:-}" = 0 ] && cmd+=(--set prespawn_groups=false) ;;
     measure) cmd+=(--tp "${TP:-1}" --drafter "${DRAFTER:-llama-3.2-1b-instruct}"); [ -n "${ONLY:-}" ] && cmd+=(--only "$ONLY")
              [ -n "${TARGET_MODEL:-}" ] && cmd+=(--target "$TARGET_MODEL")
              [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT")

@@ -223,6 +223,8 @@ def test_gpu_plan_is_the_serving_engine_and_covers_the_issue_grid():
 
     cfg = gpu_probe_config("/t", "/d").resolved(on_gpu=True)
     assert cfg.enforce_eager is False and cfg.isolate_engines and cfg.max_num_seqs >= 256
+    # the next start group's processes import while the current one runs on GPUs (run 23: 14 s), not on the CPU
+    assert cfg.prespawn_groups and not gpu_probe_config("/t", "/d").resolved(on_gpu=False).prespawn_groups
     plan = {e.label: e for e in plan_engines(cfg)}
     verify = plan["verify-k5"]
     widths = {t[2] for t in verify.tasks if t[0] == "step"}
