@@ -1210,10 +1210,10 @@ def test_run23_the_next_start_group_spawned_while_the_first_runs():
     with it (run 22's fresh node, without: 184.8 s). The waiting processes held no GPU memory (``nvidia-smi`` once a
     second: the four plan processes never among its compute processes, while the first group's two engine cores
     were). The three calibrations read the same timings: 39 of them (steps, prefills, cycles) within a median 0.8
-    and 1.5 % of the one without (at most 7 %), and each predicts the lease's measurement (the 1B draft model and n-gram at k = 3, B = 1-128, 20 points) within
-    6.0-7.6 %, 19 / 20 signs (the miss at break-even: "calibrate" 1.00x, measured 0.85x), 17 / 20 intervals. The
-    shipped H100 profile, fitted on runs 19 and 20, whose draft model ran twice as slow: 21.6 %, every sign right,
-    13 / 20 intervals, its verdicts right."""
+    and 1.5 % of the one without (at most 7 %), and each predicts the lease's measurement (the 1B draft model and
+    n-gram at k = 3, B = 1-128, 20 points) within 6.0-7.6 %, 19 / 20 signs (the miss at break-even: "calibrate"
+    1.00x, measured 0.85x), 17 / 20 intervals. The shipped H100 profile, fitted on runs 19 and 20, whose draft model
+    ran twice as slow: 21.6 %, every sign right, 13 / 20 intervals, its verdicts right."""
     import gzip
 
     runs = {"fresh, prespawned": H100_RUN23, "cleared": H100_RUN23.with_name(H100_RUN23.name + "-cleared"),
