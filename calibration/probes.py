@@ -387,8 +387,8 @@ class ProbeConfig:
     # isolated engines in several start groups (an H100's 80 GB holds two of the plan's four 8B engines): spawn each
     # next group's processes as the current group starts, so that their Python and vLLM imports are done when its
     # turn comes; they then wait, idle, holding no GPU memory, until the current group's engines are gone. None: on
-    # GPUs (H100 run 23: 150.6 s against 164.6 s without, the same three calibrations' timings within 6.0-7.6 % of
-    # one measurement; docs/gpu-closed-loop.md), off on the CPU build, whose two cores the imports would share
+    # GPUs (H100 run 23: 150.6 s against 164.6 s without; the timings of three calibrations with and without it
+    # within a median 0.8-1.5 %; docs/gpu-closed-loop.md), off on the CPU build, whose two cores the imports would share
     prespawn_groups: bool | None = None
     # None: on the CPU (in-process engines), all engines of the plan start together and their timing tasks
     # alternate between them in round pairs (:func:`interleaved_tasks`), so slow drift of the host's speed hits
