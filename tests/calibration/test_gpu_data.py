@@ -1204,7 +1204,7 @@ def _progress_ms(run: Path) -> list[float]:
             if line.endswith(" ms")]
 
 
-def test_run23_the_next_start_group_spawned_while_the_first_runs():
+def test_run23_the_next_start_group_spawned_while_the_first_runs(tmp_path, capsys):
     """Run 23 (a fourth H100 lease, 2026-12-06): ``prespawn_groups`` measured on a GPU. The node calibrated in 155.0 s
     fresh with it; with vLLM's, Inductor's and Triton's caches emptied before each, 164.6 s without it and 150.6 s
     with it (run 22's fresh node, without: 184.8 s). The waiting processes held no GPU memory (``nvidia-smi`` once a
@@ -1235,18 +1235,16 @@ def test_run23_the_next_start_group_spawned_while_the_first_runs():
         assert len(got) == len(base) == 39
         diff = [abs(g / b - 1) for g, b in zip(got, base)]
         assert statistics.median(diff) < 0.016 and max(diff) < 0.07
-    results = {}
-    for name, calibration in (("closed-loop-result", H100_RUN23), ("closed-loop-result-cleared", runs["cleared"]),
-                              ("closed-loop-result-cleared-prespawn", runs["cleared, prespawned"]),
-                              ("closed-loop-result-profile", H100_RUN23)):
-        points, _ = gcl.predict_measurements(H100_RUN23, gcl.calibration_records(calibration),
-                                             gcl.shipped_profile(gpu="H100-SXM") if name.endswith("profile") else None)
-        results[name] = gcl.summarise(points)
-        stored = json.loads((H100_RUN23 / f"{name}.json").read_text())
-        assert _same(results[name], {k: v for k, v in stored["summary"].items() if k != "mixed_steps"}), name
-        assert _verdicts_right(stored["points"])
-    assert {k: (round(s["median_abs_error"], 3), s["sign_right"], round(s["interval_coverage"] * 20))
-            for k, s in results.items()} == {
+    results = {name: got for name, _, got in rederived_closed_loops(H100_RUN23, tmp_path)}
+    for name in ("cleared", "cleared, prespawned"):  # the other two calibrations against the same measurement
+        out = tmp_path / f"closed-loop-result-{runs[name].name.removeprefix(H100_RUN23.name + '-')}.json"
+        gcl.analyze(H100_RUN23, out, runs[name])
+        results[out.stem] = json.loads(out.read_text())
+        assert _same(results[out.stem]["summary"], json.loads((H100_RUN23 / out.name).read_text())["summary"])
+    capsys.readouterr()
+    assert all(_verdicts_right(got["points"]) for got in results.values())
+    assert {k: (round(got["summary"]["median_abs_error"], 3), got["summary"]["sign_right"],
+                round(got["summary"]["interval_coverage"] * 20)) for k, got in results.items()} == {
         "closed-loop-result": (0.063, 19, 17), "closed-loop-result-cleared": (0.060, 19, 17),
         "closed-loop-result-cleared-prespawn": (0.076, 19, 17), "closed-loop-result-profile": (0.216, 20, 13)}
 
