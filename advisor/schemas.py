@@ -557,6 +557,7 @@ class StepTimeFitSchema(StrictSchema):
     roofline_sharpness = _number(0.5, 50.0)
     verify_overhead_s = _number(0.0, 10.0)
     proposer_overhead_s = _number(0.0, 10.0)
+    proposer_layers = fields.Integer(strict=True, validate=validate.Range(min=0, max=1000))
     per_sequence_overhead_s = _number(0.0, 1.0)
     rejection_sampling_s_per_seq = _number(0.0, 1.0)
     rejection_sampling_s_per_draft = _number(0.0, 1.0)

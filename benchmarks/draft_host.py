@@ -25,6 +25,10 @@ Beside each sample: the host's CPU time split over the sample (busy, steal: time
 the GPU's SM clock, and the CPU the engine core last ran on. Output: one JSON file.
 
 Usage on the GPU machine (after scripts/gpu-setup.sh): ``python -m benchmarks.draft_host --workdir W --out F``.
+
+``--drafters A,B,C`` (:func:`alternate_drafters`) instead starts one engine per catalog draft model, all alive
+together, and times them in turn, round by round, so that a host phase weighs on each alike: how a draft model's
+cycle scales with its layers and its bytes, which decides how the cost model prices a drafter no calibration timed.
 """
 from __future__ import annotations
 
@@ -152,11 +156,29 @@ def set_affinity(cores: list[int], procs=None) -> None:
             pass
 
 
+def cycle_sample(llm, prompts: list, params) -> dict:
+    """One timed generation of ``prompts``: its cycle on vLLM's engine clock (the mean sequence's decode span over its
+    cycles, tokens less the accepted drafts), the same on the wall clock, the cycles and the realised AL."""
+    from calibration.probes import _engine_decode_s, read_spec_counters
+
+    c0 = read_spec_counters(llm)
+    t0, u0 = time.perf_counter(), time.time()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall_s, u1 = time.perf_counter() - t0, time.time()
+    d = read_spec_counters(llm) - c0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs) / len(prompts)
+    steps = max(1.0, tokens - 1 - d.num_accepted_tokens / len(prompts))
+    span = _engine_decode_s(outs)
+    return {"unix_s": [round(u0, 3), round(u1, 3)], "cycle_ms": round(1e3 * span / steps, 3) if span else None,
+            "wall_ms_per_cycle": round(1e3 * wall_s / steps, 3), "cycles": steps,
+            "acceptance_length": round((tokens - 1) / steps, 3)}
+
+
 def time_conditions(llm, args: argparse.Namespace, sm_clock, t_start: float) -> list[dict]:
     """One engine start: B = ``args.batch_size`` cycles timed back to back under each of ``args.conditions``."""
     import random
 
-    from calibration.probes import _engine_decode_s, _random_prompts, _sampling, read_spec_counters
+    from calibration.probes import _random_prompts, _sampling
 
     n_cores = os.cpu_count() or 1
     fixed = _random_prompts(args.batch_size, 128, random.Random(3))
@@ -191,15 +213,8 @@ def time_conditions(llm, args: argparse.Namespace, sm_clock, t_start: float) -> 
             t_cond = time.perf_counter()
             while time.perf_counter() - t_cond < args.seconds:
                 b0, s0, tot0 = cpu_times()
-                c0 = read_spec_counters(llm)
-                t0, u0 = time.perf_counter(), time.time()
-                outs = llm.generate(fixed, many, use_tqdm=False)
-                wall_s, u1 = time.perf_counter() - t0, time.time()
-                d = read_spec_counters(llm) - c0
+                sample = cycle_sample(llm, fixed, many)
                 b1, s1, tot1 = cpu_times()
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs) / args.batch_size
-                steps = max(1.0, tokens - 1 - d.num_accepted_tokens / args.batch_size)
-                span = _engine_decode_s(outs)
                 procs = engine_processes()
                 core, placed = None, {}
                 try:
@@ -213,10 +228,7 @@ def time_conditions(llm, args: argparse.Namespace, sm_clock, t_start: float) -> 
                     state = llm.collective_rpc(core_state)[0]
                 except Exception as exc:  # noqa: BLE001
                     state = {"error": repr(exc)}
-                samples.append({"condition": cond, "t_s": round(time.perf_counter() - t_start, 2),
-                                "unix_s": [round(u0, 3), round(u1, 3)],
-                                "cycle_ms": round(1e3 * span / steps, 3) if span else None,
-                                "wall_ms_per_cycle": round(1e3 * wall_s / steps, 3), "cycles": steps,
+                samples.append({"condition": cond, "t_s": round(time.perf_counter() - t_start, 2), **sample,
                                 "host_busy": round((b1 - b0) / dt, 3), "host_steal": round((s1 - s0) / dt, 4),
                                 "sm_clock_mhz": sm_clock(), "engine_core_cpu": core, "threads_on": placed,
                                 "core": state})
@@ -228,7 +240,32 @@ def time_conditions(llm, args: argparse.Namespace, sm_clock, t_start: float) -> 
     return samples
 
 
+def _start_speed_probe(args: argparse.Namespace):
+    """:func:`speed_probe` on core ``args.speed_probe`` in a forked process (None without one)."""
+    if args.speed_probe is None:
+        return None
+    out = args.workdir / "speed-probe.json"
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    proc = ctx.Process(target=speed_probe, daemon=True, args=(args.speed_probe, stop, str(out)))
+    proc.start()
+    return proc, stop, out
+
+
+def _stop_speed_probe(probe) -> list | None:
+    if probe is None:
+        return None
+    proc, stop, out = probe
+    stop.set()
+    proc.join()
+    return json.loads(out.read_text()) if out.exists() else None
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.child:
+        return drafter_child(args)
+    if args.drafters:
+        return alternate_drafters(args)
     import psutil
 
     from benchmarks.gpu_closed_loop import CALIBRATION_ACCEPTANCE, gpu_probe_config, shapes
@@ -250,22 +287,12 @@ def main(args: argparse.Namespace) -> int:
         sm_clock = lambda: None  # noqa: E731
     t_start = time.perf_counter()
     llm, startup_s = start_engine(settings, spec)
-    probe = None
-    if args.speed_probe is not None:
-        probe_out = args.workdir / "speed-probe.json"
-        ctx = multiprocessing.get_context("fork")
-        stop = ctx.Event()
-        probe = ctx.Process(target=speed_probe, daemon=True, args=(args.speed_probe, stop, str(probe_out)))
-        probe.start()
+    probe = _start_speed_probe(args)
     try:
         samples = time_conditions(llm, args, sm_clock, t_start)
     finally:
         stop_engine(llm)
-    speed = None
-    if probe is not None:
-        stop.set()
-        probe.join()
-        speed = json.loads(probe_out.read_text()) if probe_out.exists() else None
+    speed = _stop_speed_probe(probe)
     summary = {}
     for cond in args.conditions:
         xs = [x["cycle_ms"] for x in samples if x["condition"] == cond and x["cycle_ms"]]
@@ -281,6 +308,146 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ drafters, alternating
+def drafter_child(args: argparse.Namespace) -> int:
+    """Child of :func:`alternate_drafters`: one draft-model engine of the drafter ``args.child`` (the plan's engine
+    settings, k = 3 at the calibration's synthetic acceptance, a 1/``args.engines`` share of the GPU and a fixed KV
+    cache). After its warm-up it reports ready, then reads a batch size per line and answers each with one
+    :func:`cycle_sample` (a JSON line); any other line ends it."""
+    import random
+
+    from benchmarks.gpu_closed_loop import CALIBRATION_ACCEPTANCE, gpu_probe_config
+    from calibration.probes import (DrafterSpec, _random_prompts, _sampling, event_stream, held_engine_config,
+                                    inspect_models_in_process, start_engine, stop_engine, synthetic_rates)
+
+    events = event_stream()
+    target, draft = args.child_shapes.split(",")
+    cfg = gpu_probe_config(target, draft, drafter=args.child, max_num_seqs=max(args.batch_sizes),
+                           max_model_len=args.max_model_len, kv_cache_memory_gib=args.kv_cache_gib)
+    cfg = held_engine_config(cfg.resolved(on_gpu=True), args.engines)
+    spec = DrafterSpec("draft_model", 3, model=draft, draft_sample_method=None).speculative_config(
+        target, synthetic_rates(CALIBRATION_ACCEPTANCE, 3))
+    inspect_models_in_process()
+    try:
+        llm, startup_s = start_engine(cfg.engine_settings(target), spec)
+    except Exception as exc:  # noqa: BLE001 -- reported to the parent, which goes on with the other drafters
+        events.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        return 1
+    try:
+        params = _sampling(0.0, args.tokens + 1, 0, False)
+        prompts = {b: _random_prompts(b, 128, random.Random(3)) for b in args.batch_sizes}
+        for b in args.batch_sizes:  # warm-up; caches the prompts' prefill
+            llm.generate(prompts[b], params, use_tqdm=False)
+        events.write(json.dumps({"ready": args.child, "startup_s": round(startup_s, 1)}) + "\n")
+        for line in sys.stdin:
+            if not line.strip().isdigit():
+                break
+            events.write(json.dumps(cycle_sample(llm, prompts[int(line)], params)) + "\n")
+    finally:
+        stop_engine(llm)
+    return 0
+
+
+def _next_event(proc) -> dict:
+    """The child's next JSON event (its other lines go to stderr); ``{"error": ...}`` when it has ended."""
+    for line in proc.stdout:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            return event
+        sys.stderr.write(line)
+    return {"error": f"exited with {proc.wait()}"}
+
+
+def paired_ratios(samples: list[dict], reference: str) -> dict:
+    """Per drafter and batch size: the median over rounds of its cycle over ``reference``'s in the same round (the
+    two samples seconds apart, so one host state), with the rounds' p10 and p90."""
+    import numpy as np
+
+    by = {(x["drafter"], x["batch_size"], x["round"]): x["cycle_ms"] for x in samples if x.get("cycle_ms")}
+    out: dict[str, dict] = {}
+    for (name, b, r), ms in sorted(by.items()):
+        ref = by.get((reference, b, r))
+        if name != reference and ref:
+            out.setdefault(f"{name}@{b}", []).append(ms / ref)
+    return {key: {"n": len(v), "median": round(float(np.median(v)), 4),
+                  "p10": round(float(np.percentile(v, 10)), 4), "p90": round(float(np.percentile(v, 90)), 4)}
+            for key, v in out.items()}
+
+
+def alternate_drafters(args: argparse.Namespace) -> int:
+    """Draft models of different sizes and depths, each in its own engine (all alive together, the 8B-shaped
+    target, k = 3), timed in turn: one generation per drafter and batch size per round, every second round in
+    reverse order (A B C, C B A), for ``args.seconds``. Samples of one round lie seconds apart, in one host state,
+    so their ratios tell how a drafter's cycle scales with its layers and bytes (the stand-in rule for drafters a
+    calibration did not time) apart from the host's phases. ``args.starts`` times over, each with fresh engines."""
+    import signal
+    import subprocess
+
+    from benchmarks.gpu_closed_loop import shapes
+    from calibration.probes import environment_info
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    paths = {name: shapes(args.workdir, name) for name in args.drafters}
+    probe = _start_speed_probe(args)
+    t_start, starts = time.perf_counter(), []
+    for start in range(args.starts):
+        procs = {}
+        for name in args.drafters:
+            argv = [sys.executable, "-m", "benchmarks.draft_host", "--child", name, "--child-shapes",
+                    ",".join(paths[name]), "--engines", str(len(args.drafters)), "--tokens", str(args.tokens),
+                    "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--kv-cache-gib", str(args.kv_cache_gib),
+                    "--max-model-len", str(args.max_model_len)]
+            procs[name] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                           start_new_session=True)
+        ready, errors, samples = {}, {}, []
+        try:
+            for name, proc in procs.items():
+                event = _next_event(proc)
+                if "ready" in event:
+                    ready[name] = event["startup_s"]
+                else:
+                    errors[name] = event.get("error")
+            print(json.dumps({"start": start, "ready": ready, "errors": errors}), file=sys.stderr, flush=True)
+            live = [n for n in args.drafters if n in ready]
+            t_rounds, r = time.perf_counter(), 0
+            while len(live) > 1 and time.perf_counter() - t_rounds < args.seconds:
+                for b in args.batch_sizes:
+                    for name in live if r % 2 == 0 else live[::-1]:
+                        procs[name].stdin.write(f"{b}\n")
+                        procs[name].stdin.flush()
+                        event = _next_event(procs[name])
+                        samples.append({"drafter": name, "batch_size": b, "round": r, "start": start,
+                                        "t_s": round(time.perf_counter() - t_start, 2), **event})
+                        print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
+                r += 1
+        finally:
+            for proc in procs.values():
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+        starts.append({"startup_s": ready, "errors": errors, "rounds": r, "samples": samples,
+                       "ratios": paired_ratios(samples, args.drafters[0]) if samples else {}})
+    summary = {}
+    for name in args.drafters:
+        for b in args.batch_sizes:
+            per = [[x["cycle_ms"] for x in st["samples"] if x["drafter"] == name and x["batch_size"] == b
+                    and x.get("cycle_ms")] for st in starts]
+            summary[f"{name}@{b}"] = [round(statistics.median(xs), 2) if xs else None for xs in per]
+    pooled = paired_ratios([x for st in starts for x in
+                            ({**y, "round": (y["start"], y["round"])} for y in st["samples"])], args.drafters[0])
+    out = {"drafters": args.drafters, "batch_sizes": args.batch_sizes, "tokens": args.tokens,
+           "median_cycle_ms_per_start": summary, "ratios_to_first": pooled, "starts": starts,
+           "speed_probe": _stop_speed_probe(probe), "environment": environment_info()}
+    args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(json.dumps({"median_cycle_ms_per_start": summary, "ratios_to_first": pooled}, indent=1), flush=True)
+    return 0
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/draft-host"))
     parser.add_argument("--out", type=Path, default=Path("draft-host.json"))
@@ -291,6 +458,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated, in order: " + ", ".join(CONDITIONS) + ", split:F/C, unpinned")
     parser.add_argument("--speed-probe", type=int, default=None, metavar="CPU",
                         help="also time a busy loop held to this core through the run (its speed over time)")
+    ints = lambda t: [int(x) for x in t.split(",")]  # noqa: E731
+    parser.add_argument("--drafters", type=lambda t: t.split(","), default=None, metavar="A,B,...",
+                        help="catalog draft models, each in its own engine, timed in turn (alternate_drafters); "
+                             "ratios are to the first")
+    parser.add_argument("--batch-sizes", type=ints, default=[1], help="with --drafters")
+    parser.add_argument("--starts", type=int, default=1, help="with --drafters: times over, with fresh engines")
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="with --drafters: each engine's KV cache")
+    parser.add_argument("--max-model-len", type=int, default=1024, help="with --drafters")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-shapes", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--engines", type=int, default=1, help=argparse.SUPPRESS)
 
 
 if __name__ == "__main__":

@@ -772,7 +772,7 @@ def write_profile(workdir: Path, vllm_version: str = "0.24", extra: tuple[Path, 
                  "version (benchmarks/gpu_closed_loop.py). A scenario that names vllm_version gets the matching "
                  "profile's timing when no calibration run of its own applies; its drafter's own cost comes from "
                  "the profile for the drafters listed under drafters, and for another drafter of a listed one's "
-                 "method (drafter_methods) from that one's fit at its own size.", "items": []}
+                 "method (drafter_methods) from that one's fit at its own size and depth.", "items": []}
     name = f"{run_gpu(workdir)} × vLLM {vllm_version}"
     old = next((p for p in data["items"] if p["name"] == name), None)
     profile = profile_entry(workdir, vllm_version, extra, pool, old)

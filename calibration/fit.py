@@ -833,7 +833,10 @@ def fit_run(records: Iterable[Any], gpu: GpuSpec, target: ModelSpec, draft: Mode
             own = engine_path_records(records, method)
             drafter_fit = step_fit if own is None else fit_step_time(own, gpu, target, weights_dtype, model_path=path,
                                                                      models=models)
-            fits.append(_fit_record("step_time", draft.name, drafter_fit))
+            record = _fit_record("step_time", draft.name, drafter_fit)
+            if method == "draft_model":  # the depth its host cost per forward was timed at (a stand-in's scale)
+                record["params"]["proposer_layers"] = int(draft.num_layers)
+            fits.append(record)
             if results is not None and own is not None:
                 results[f"step_time:{draft.name}"] = drafter_fit
     if len(_records(records, "prefill", path)) >= 2:

@@ -3,7 +3,8 @@
 # each bounded in time; what they wrote is copied to $OUT at the end (a phase cut short by its bound resumes on the
 # next call: `measure` skips the engines it has measured). Usage: scripts/gpu-closed-loop.sh PHASE[:SECONDS] ...
 #   e.g. scripts/gpu-closed-loop.sh calibrate:300 measure:240      then      measure:400 analyze:60
-# Phase draft_host: benchmarks/draft_host.py. TP=2 sets every engine's tensor-parallel size; ONLY=baseline,ngram-k3
+# Phase draft_host: benchmarks/draft_host.py; DRAFTERS=a,b,c times those catalog draft models in turn (BATCHES, STARTS).
+# TP=2 sets every engine's tensor-parallel size; ONLY=baseline,ngram-k3
 # limits `measure` to those engines; DRAFTER=eagle-llama-3.1-8b times that catalog drafter instead of the 1B draft model;
 # SECOND_K=5 also times the drafter's cycles at k = 5 in the calibration; CYCLE_TOKENS=128 times whole cycles over
 # generations of that many tokens; VERIFY_PER_K=1 gives each verify k its own engine; QUANT=fp8 quantizes the
@@ -39,7 +40,10 @@ for arg in "$@"; do
              [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT")
              [ -n "${PROMPT_TOKENS:-}" ] && cmd+=(--prompt-tokens "$PROMPT_TOKENS")
              [ -n "${BATCHES:-}" ] && cmd+=(--batch-sizes "$BATCHES") ;;
-    draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json") ;;
+    draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json")
+                [ -n "${DRAFTERS:-}" ] && cmd+=(--drafters "$DRAFTERS" --batch-sizes "${BATCHES:-1}"
+                                                 --starts "${STARTS:-1}" --seconds "${SECONDS_PER_START:-100}"
+                                                 --speed-probe 15 --out "$W/draft-layers.json") ;;
     kv-auto|kv-fp8) cmd=(python3 -m benchmarks.gpu_closed_loop calibrate --workdir "$W/$phase" --only target
                --set context_len=8192 --set 'batch_sizes=[1,8,32]' --set 'cycle_batch_sizes=[1,8,32]'
                --set 'prompt_lengths=[8192]' --set 'prefill_batch_sizes=[1]' --set "kv_cache_dtype=\"${phase#kv-}\"") ;;

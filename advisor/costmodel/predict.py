@@ -340,6 +340,14 @@ class EngineSteps:
     notes: tuple[str, ...] = ()
 
 
+def _depth(timed: StepTimeParams, stand_in: StepTimeParams) -> str:
+    """The stand-in's depth in words, where its host cost per forward was scaled from the timed drafter's layers."""
+    if stand_in.proposer_layers == timed.proposer_layers:
+        return ""
+    return (f" and depth (its host cost per forward scaled to its {stand_in.proposer_layers} layers from "
+            f"{timed.proposer_layers}: a draft model's layers are launched from the host)")
+
+
 def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec | None, method: str,
                  calibration: Calibration | None, profile: MeasuredEngineProfile | None) -> EngineSteps:
     """How ``predict``, its compared methods and the capacity planner time the engine (one rule): a calibration
@@ -349,10 +357,10 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     of the method and the profile did, the profile times it all; else the drafter gets its method's prior."""
     notes: tuple[str, ...] = ()
     if calibration is not None and draft is not None:
-        calibration = calibration.with_stand_in(draft.name, method)
+        calibration = calibration.with_stand_in(draft.name, method, draft.num_layers)
         if (target.name in calibration.step_time and draft.name not in calibration.step_time
                 and profile is not None and engine == "vllm"
-                and profile.with_stand_in(draft.name, method).drafter_step(draft.name) is not None):
+                and profile.with_stand_in(draft.name, method, draft.num_layers).drafter_step(draft.name) is not None):
             # the run timed no drafter of this method and the profile did: its fit of the drafter's engine times the
             # answer, baseline included (one fit for both sides of the ratio). On the H200's EAGLE leases a run
             # without the head's fit priced them within 17-25 %, 2-8 signs wrong per lease; the profile within
@@ -367,10 +375,10 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     if stand_in is not None and d_source != "default":
         notes += (f"calibration run {d_source.split(':')[-1]} timed no cycles of {draft.name}: its engine is priced "
                   f"by the fit of {stand_in}, the same method ({method}) on the same engine path, at "
-                  f"{draft.name}'s size",)
+                  f"{draft.name}'s size{_depth(calibration.step_time[stand_in], d_step)}",)
     timed = None
     if step_source.startswith("profile") and draft is not None:
-        profile = profile.with_stand_in(draft.name, method)
+        profile = profile.with_stand_in(draft.name, method, draft.num_layers)
         timed = profile.drafter_step(draft.name)
     spec_step_source = None
     if timed is not None:  # the profile timed this drafter's engine (or carries another GPU's fit of it)
@@ -382,7 +390,7 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
         if stand_in is not None:
             notes += (f"no profile timed cycles of {draft.name}: its engine is priced by the fit of {stand_in}, the "
                       f"same method ({method}) on vLLM {profile.vllm_version}'s same engine path, at {draft.name}'s "
-                      f"size, timed by {origin or profile.name}",)
+                      f"size{_depth(profile.drafter_step(stand_in), timed)}, timed by {origin or profile.name}",)
         elif origin is not None:
             notes += (f"the profile {profile.name} timed no cycles of {draft.name}: its engine is timed by {origin}",)
     if draft is not None and d_source != "default":

@@ -172,6 +172,10 @@ class StepTimeParams:
     roofline_sharpness: float = 2.5  # p of the smooth max (m^p + c^p)^(1/p)
     verify_overhead_s: float = 0.0  # extra per verify step with q > 1 (rejection sampler, spec metadata)
     proposer_overhead_s: float = 0.0  # per drafter forward (draft input prep, graph launch)
+    # Layers of the draft model whose forwards ``proposer_overhead_s`` was fitted on (0: not recorded). vLLM 0.24
+    # runs a separate draft model without CUDA graphs, so each forward's host cost is its layers' kernel launches: a
+    # drafter priced by this fit (a stand-in, :meth:`Calibration.with_stand_in`) pays it per layer, at its own depth
+    proposer_layers: int = 0
     per_sequence_overhead_s: float = 0.0  # host bookkeeping per sequence per spec cycle
     # Sampling in a verify step at temperature > 0, per sequence (per-request temperature/top-p expansion over the
     # draft positions, target probabilities over the vocabulary, recovered and bonus tokens): ~µs on GPUs, ~1.5 ms
@@ -313,16 +317,16 @@ class Calibration:
                                    max_batch_calibrated=timing.max_batch_calibrated, timing_run_id=timing.run_id,
                                    drafter_methods=timing.drafter_methods, drafter_stand_ins=timing.drafter_stand_ins)
 
-    def with_stand_in(self, drafter: str, method: str) -> Calibration:
-        """This run pricing ``drafter``, which it did not time, by its fit of a drafter of the same ``method`` that
-        it did, at ``drafter``'s own size, with a timing spread of at least ``STAND_IN_TIMING_REL``: the rule of
-        :meth:`MeasuredEngineProfile.with_stand_in`, on the user's own node. Itself where ``drafter`` is timed or no
-        drafter of ``method`` is."""
+    def with_stand_in(self, drafter: str, method: str, layers: int | None = None) -> Calibration:
+        """This run pricing ``drafter`` (of ``layers`` decoder layers), which it did not time, by its fit of a
+        drafter of the same ``method`` that it did, at ``drafter``'s own size and depth (:func:`stand_in_step`): the
+        rule of :meth:`MeasuredEngineProfile.with_stand_in`, on the user's own node. Itself where ``drafter`` is
+        timed or no drafter of ``method`` is."""
         timed = None if drafter in self.step_time else timed_drafter_of(
             method, self.drafter_methods.items(), self.step_time, self.drafter_stand_ins)
         if timed is None:
             return self
-        step = self.step_time[timed].with_spread_at_least(STAND_IN_TIMING_REL)
+        step = stand_in_step(self.step_time[timed], method, layers)
         return dataclasses.replace(
             self, step_time={**self.step_time, drafter: step},
             drafter_methods={**self.drafter_methods, drafter: method},
@@ -383,6 +387,19 @@ def timed_drafter_of(method: str, drafter_methods: Iterable[tuple[str, str]], ti
 STAND_IN_TIMING_REL = 0.2
 
 
+def stand_in_step(step: StepTimeParams, method: str, layers: int | None) -> StepTimeParams:
+    """A timed drafter's fit pricing another drafter of its ``method`` with ``layers`` decoder layers: a separate
+    draft model's host cost per forward scaled by its depth (``proposer_layers``; vLLM 0.24 launches each layer's
+    kernels from the host, no CUDA graph), with a timing spread of at least ``STAND_IN_TIMING_REL``. H100 run 24,
+    three draft models alive together and timed in turn: a 24-layer 0.5B drafter's cycle took 1.5-1.6x a 16-layer
+    1B's, where a cost per forward says 0.95x (docs/gpu-closed-loop.md, "Run 24")."""
+    step = step.with_spread_at_least(STAND_IN_TIMING_REL)
+    if method != "draft_model" or not step.proposer_layers or not layers or layers == step.proposer_layers:
+        return step
+    return dataclasses.replace(step, proposer_overhead_s=step.proposer_overhead_s * layers / step.proposer_layers,
+                               proposer_layers=int(layers))
+
+
 @dataclass(frozen=True)
 class MeasuredEngineProfile:
     """Step-time and prefill parameters measured with the product's probe plan on one GPU × vLLM version (per-step
@@ -417,18 +434,18 @@ class MeasuredEngineProfile:
     def drafter_step(self, name: str) -> StepTimeParams | None:
         return next((params for drafter, params in self.drafters if drafter == name), None)
 
-    def with_stand_in(self, drafter: str, method: str) -> MeasuredEngineProfile:
-        """This profile pricing ``drafter``, which it did not time, by its fit of the first drafter of the same
-        ``method`` it did (its own before carried ones), at ``drafter``'s own size (the step-time model prices each
-        forward on the drafter's bytes and FLOPs): vLLM runs every drafter of a method on one engine path (a
-        separate draft model on the V1 runner without CUDA graphs), and that path's per-forward cost is what the fit
-        holds. The timing spread is at least ``STAND_IN_TIMING_REL``. Itself where ``drafter`` is timed or no
-        drafter of ``method`` is."""
+    def with_stand_in(self, drafter: str, method: str, layers: int | None = None) -> MeasuredEngineProfile:
+        """This profile pricing ``drafter`` (of ``layers`` decoder layers), which it did not time, by its fit of the
+        first drafter of the same ``method`` it did (its own before carried ones), at ``drafter``'s own size (the
+        step-time model prices each forward on the drafter's bytes and FLOPs) and depth (:func:`stand_in_step`):
+        vLLM runs every drafter of a method on one engine path (a separate draft model on the V1 runner without CUDA
+        graphs), and that path's host cost per forward and layer is what the fit holds. Itself where ``drafter`` is
+        timed or no drafter of ``method`` is."""
         timed = None if self.drafter_step(drafter) is not None else timed_drafter_of(
             method, self.drafter_methods, dict(self.drafters), dict(self.drafter_stand_ins))
         if timed is None:
             return self
-        step = self.drafter_step(timed).with_spread_at_least(STAND_IN_TIMING_REL)
+        step = stand_in_step(self.drafter_step(timed), method, layers)
         origin = self.drafter_origin(timed)
         return dataclasses.replace(
             self, drafters=(*self.drafters, (drafter, step)),
