@@ -192,7 +192,8 @@ def test_profile_prices_each_drafter_by_its_engines_fit(specs):
     gpu, target, draft = specs
     profile = gcl.shipped_profile()
     assert [name for name, _ in profile.drafters] == [gcl.DRAFT, EAGLE, EAGLE3]
-    assert profile.drafter_step(gcl.DRAFT) == profile.step_time
+    # the main fit, with the depth its host cost per forward was timed at (a stand-in's scale)
+    assert profile.drafter_step(gcl.DRAFT) == dataclasses.replace(profile.step_time, proposer_layers=16)
 
     def answer(method: str, drafter, concurrency: int = 1) -> dict:
         scenario = dataclasses.replace(_scenario(method, concurrency), speculator=Speculator(method, drafter.name, 3))
@@ -209,6 +210,7 @@ def test_profile_prices_each_drafter_by_its_engines_fit(specs):
     assert any("no profile timed cycles of llama-3.2-3b-instruct" in r and f"the fit of {gcl.DRAFT}" in r
                for r in other["reasons"])
     assert other["engine_profile"]["drafters_stand_in"] == {"llama-3.2-3b-instruct": gcl.DRAFT}
+    assert any("scaled to its 28 layers from 16" in r for r in other["reasons"])
     assert other["speedup"]["expected"] < dm["speedup"]["expected"]  # a larger drafter on the same engine path
     assert not any("no cycles" in r for r in eagle["reasons"] + dm["reasons"] + eagle3["reasons"])
     assert other["tpot_ms"]["baseline"] == dm["tpot_ms"]["baseline"]  # the main fit prices the target
@@ -1047,7 +1049,8 @@ def test_the_h100_profile_takes_long_context_steps_to_split_overhead_from_bandwi
     gpu, _, _ = gcl.catalog_specs(gcl.DRAFT, "H100-SXM")
     shipped = gcl.shipped_profile(gpu="H100-SXM")
     assert shipped.name == "H100-SXM × vLLM 0.24" and shipped.applied_to is None
-    assert shipped.step_time == h100_profile((H100_RUN20, H100, H100.parent / "h100-vllm0.24-second")).step_time
+    assert _same(shipped.step_time.to_dict(),
+                 h100_profile((H100_RUN20, H100, H100.parent / "h100-vllm0.24-second")).step_time.to_dict())
     unsplit = h100_profile((H100_RUN20, H100, H100.parent / "h100-vllm0.24-second"), long_steps=False)
     small = forward_cost(gpu, ModelSpec.from_dict(gcl.catalog_row("smollm2-135m-instruct")), "bf16", 1, "auto")
     assert float(step_time_from_cost(small, unsplit.step_time, 1, 1, 128)) < 0.3e-3
@@ -1100,9 +1103,11 @@ def test_a_32b_target_and_a_draft_model_no_profile_timed(tmp_path, capsys):
     draft model, priced by the shipped H200 profile (fitted on the 8B shape; the calibration of run 13 gives only
     n-gram's drafted fraction). n-gram: within a median 2 %, every sign and interval right. The draft model, which
     no profile timed: its engine priced by the Llama-3.2-1B draft model's fit (its stand-in: same method, same
-    engine path) comes within a median 5 % and one sign at break-even ("calibrate"); by the uncalibrated prior for
-    the drafter's cost, as before, the answers were 50-92 % high at B <= 16 and three signs wrong. The H100's
-    profile carried to the H200 prices the same 24 points within 3.5 %."""
+    engine path) with the host cost per forward scaled to its 28 layers from 16 (run 24) is priced 7-34 % low
+    (a median 24 %; at the 1B's cost per forward it came within 5 %), four signs at break-even, each answered
+    "calibrate", and 11 / 12 intervals: no verdict wrong. By the uncalibrated prior for the drafter's cost, as
+    before the stand-in, the answers were 50-92 % high at B <= 16 and three signs wrong. The H100's profile carried
+    to the H200 prices the same 24 points within 8.9 %."""
     from advisor.services.catalog import engine_profiles
 
     rows = gcl.measurement_rows(QWEN32)
@@ -1115,10 +1120,13 @@ def test_a_32b_target_and_a_draft_model_no_profile_timed(tmp_path, capsys):
     capsys.readouterr()
     by = {m: [p for p in got["points"] if p["method"] == m] for m in ("ngram", "draft_model")}
     median = {m: statistics.median(abs(p["error"]) for p in pts) for m, pts in by.items()}
-    assert median["ngram"] < 0.03 and median["draft_model"] < 0.06
-    assert got["summary"]["sign_right"] == 23 and got["summary"]["interval_coverage"] == 1.0
-    (miss,) = [p for p in got["points"] if (p["predicted"] > 1) != (p["measured"] > 1)]
-    assert (miss["engine"], miss["batch_size"], miss["extra"]["decision"]) == ("draft_model-k3-a0.8", 64, "calibrate")
+    assert median["ngram"] < 0.03 and median["draft_model"] == pytest.approx(0.236, abs=0.002)
+    assert all(-0.35 < p["error"] < -0.07 for p in by["draft_model"])
+    assert got["summary"]["sign_right"] == 20 and got["summary"]["interval_coverage"] * 24 == pytest.approx(23)
+    misses = [p for p in got["points"] if (p["predicted"] > 1) != (p["measured"] > 1)]
+    assert {(p["engine"], p["batch_size"], p["extra"]["decision"]) for p in misses} == {
+        ("draft_model-k3-a0.8", b, "calibrate") for b in (1, 4, 16, 64)}
+    assert _verdicts_right(got["points"])
     h200 = next(p for p in engine_profiles() if p.gpu == "H200-SXM")
     prior, _ = gcl.predict_measurements(QWEN32, gcl.calibration_records(RUN13),
                                         dataclasses.replace(h200, drafter_methods=()))  # no stand-in: the prior
@@ -1129,7 +1137,8 @@ def test_a_32b_target_and_a_draft_model_no_profile_timed(tmp_path, capsys):
     carried, _ = gcl.predict_measurements(QWEN32, gcl.calibration_records(RUN13),
                                           transferred_profile(h100, gcl.catalog_specs(gcl.DRAFT, "H200-SXM")[0]))
     summary = gcl.summarise(carried)
-    assert summary["median_abs_error"] < 0.04 and summary["sign_right"] == 23 and summary["interval_coverage"] == 1.0
+    assert summary["median_abs_error"] == pytest.approx(0.089, abs=0.002) and summary["sign_right"] == 20
+    assert summary["interval_coverage"] * 24 == pytest.approx(23)
 
 
 H100_RUN22 = RUN.parent / "h100-vllm0.24-run22"
@@ -1144,10 +1153,11 @@ def test_run22_a_third_h100_lease_and_a_draft_model_its_calibration_did_not_time
     two start groups), then the 1B draft model and n-gram at k = 3 were measured (24 points): its own calibration
     predicts them within a median 5.8 %, every sign right, 22 / 24 intervals; the shipped H100 profile 10.4 %.
     A 3B draft model measured on the same lease, which the calibration did not time, is priced by its 1B fit at the
-    3B's size (the stand-in, ``Calibration.with_stand_in``): 40.6 % off (the 3B's cycle at B = 1 took 37.5 ms, the
-    1B's 24.4 ms, where the fit at the 3B's size says about 28), yet every verdict right (all no-go or calibrate;
-    it ran at 0.24-0.53x) and 10 / 12 intervals. The profile's stand-in, whose 1B fit pools three calibrations of
-    the H100, 7.2 %, 12 / 12."""
+    3B's size and depth (the stand-in, ``Calibration.with_stand_in``: the host cost per forward scaled to 28 layers
+    from 16, run 24): 12.6 % off, every verdict right (all no-go; it ran at 0.24-0.53x) and 12 / 12 intervals. At
+    the 1B's cost per forward (before run 24) it was 40.6 % off (the 3B's cycle at B = 1 took 37.5 ms, the 1B's
+    24.4 ms, where that rule says about 28), 10 / 12 intervals. The profile's stand-in, whose 1B fit pools three
+    calibrations of the H100 in a slower host state, 21.3 % (7.2 % per forward), 12 / 12."""
     walls = json.loads((H100_RUN22 / "calibration-run.json").read_text())
     assert walls["wall_s"] == 184.8 and walls["split_s"] == {"engine start": 129.0, "probes": 55.7}
     own = {name: got for name, _, got in rederived_closed_loops(H100_RUN22, tmp_path)}
@@ -1156,13 +1166,13 @@ def test_run22_a_third_h100_lease_and_a_draft_model_its_calibration_did_not_time
     capsys.readouterr()
     for runs, name, points, median, signs, covered in (
             (own, "closed-loop-result", 24, 0.058, 24, 22), (own, "closed-loop-result-profile", 24, 0.104, 24, 22),
-            (three_b, "closed-loop-result", 12, 0.406, 12, 10),
-            (three_b, "closed-loop-result-profile", 12, 0.072, 12, 12)):
+            (three_b, "closed-loop-result", 12, 0.126, 12, 12),
+            (three_b, "closed-loop-result-profile", 12, 0.213, 12, 12)):
         s = runs[name]["summary"]
         assert s["points"] == points and s["median_abs_error"] == pytest.approx(median, abs=1e-3), name
         assert s["sign_right"] == signs and s["interval_coverage"] * points == pytest.approx(covered), name
         assert _verdicts_right(runs[name]["points"])
-    assert {p["extra"]["decision"] for p in three_b["closed-loop-result"]["points"]} == {"no-go", "calibrate"}
+    assert {p["extra"]["decision"] for p in three_b["closed-loop-result"]["points"]} == {"no-go"}
 
 
 def test_run22_an_eagle3_head_on_the_h100(tmp_path, capsys):
@@ -1247,6 +1257,78 @@ def test_run23_the_next_start_group_spawned_while_the_first_runs(tmp_path, capsy
                 round(got["summary"]["interval_coverage"] * 20)) for k, got in results.items()} == {
         "closed-loop-result": (0.063, 19, 17), "closed-loop-result-cleared": (0.060, 19, 17),
         "closed-loop-result-cleared-prespawn": (0.076, 19, 17), "closed-loop-result-profile": (0.216, 20, 13)}
+
+
+H100_RUN24 = RUN.parent / "h100-vllm0.24-run24"
+QWAMA, LLAMA3B = "qwama-0.5b-instruct", "llama-3.2-3b-instruct"
+
+
+def _cycle_ratios_priced(calibration, drafter: str, b: int) -> float:
+    """A drafter's cycle over the 1B draft model's as ``calibration`` prices them at the probes' synthetic acceptance
+    (0.7 per position, k = 3): the ratio of the two speedups, whose baseline and acceptance are the same."""
+    def speedup(name: str) -> float:
+        gpu, target, draft = gcl.catalog_specs(name, "H100-SXM")
+        scenario = Scenario(gpu=gpu.name, target_model=target.name, speculator=Speculator("draft_model", name, 3),
+                            workload=Workload(128, 128, 0.0, "code", concurrency=b),
+                            acceptance=AcceptanceInput(per_position=(0.7, 0.49, 0.343)))
+        return predict(scenario, gpu, target, draft, calibration, compare_methods=False).speedup["expected"]
+    return speedup(gcl.DRAFT) / speedup(drafter)
+
+
+def test_run24_a_draft_models_host_cost_grows_with_its_layers(tmp_path, capsys):
+    """Run 24 (a fifth H100 lease, 2026-12-06). ``benchmarks/draft_host.py --drafters`` kept three draft models alive
+    together, each in its own engine (the 8B-shaped target, k = 3, acceptance 0.7), and timed them in turn, round by
+    round (three engine starts, two leases' worth of host phases: the host's cores ran 1.67-1.77x apart). In one
+    round, one host state: the 24-layer, 0.5B Qwama drafter's cycle took 1.53-1.63x the 16-layer 1B's, though it reads
+    0.4x the bytes; the 28-layer 3B's 1.85-2.04x at B = 1 (1.36x at B = 64). The rule that priced a drafter no
+    calibration timed by the 1B's host cost per forward says 0.94-0.96x for Qwama; that cost scaled by layers
+    (``proposer_layers``, ``stand_in_step``) 1.21-1.32x, still short of what was measured. On the same lease's
+    closed loops (k = 3, B = 1, 16, 64, acceptance 0.5 and 0.8) the lease's calibration of the 1B now prices Qwama
+    within 4.4 % (36.5 % per forward) and the 3B within 20.6 % (32.0 %), every sign and interval right; the 1B and
+    n-gram 8.1 %, 12 / 12 signs, 11 / 12 intervals. The node, used, calibrated in 239.1 s."""
+    import gzip
+
+    from benchmarks.draft_host import paired_ratios
+
+    measured: dict[str, list[float]] = {}
+    for name in ("draft-layers.json.gz", "draft-layers-2.json.gz"):
+        data = json.loads(gzip.decompress((H100_RUN24 / name).read_bytes()))
+        assert data["drafters"] == [gcl.DRAFT, QWAMA, LLAMA3B] and all(not st["errors"] for st in data["starts"])
+        samples = [x | {"round": (x["start"], x["round"])} for st in data["starts"] for x in st["samples"]]
+        ratios = paired_ratios(samples, gcl.DRAFT)
+        assert _same(ratios, data["ratios_to_first"])
+        for key, r in ratios.items():
+            measured.setdefault(key, []).append(r["median"])
+    assert min(measured[f"{QWAMA}@1"] + measured[f"{QWAMA}@16"] + measured[f"{QWAMA}@64"]) > 1.5
+    assert min(measured[f"{LLAMA3B}@1"] + measured[f"{LLAMA3B}@16"]) > 1.8 and measured[f"{LLAMA3B}@64"][0] > 1.3
+    walls = json.loads((H100_RUN24 / "calibration-run.json").read_text())
+    assert walls["wall_s"] == 239.1 and walls["split_s"] == {"engine start": 163.4, "probes": 75.7}
+    records = gcl.calibration_records(H100_RUN24)
+    cal, _ = gcl.build_gpu_calibration(records, *gcl.catalog_specs(gcl.DRAFT, "H100-SXM"))
+    assert cal.step_time[gcl.DRAFT].proposer_layers == 16
+    per_forward = dataclasses.replace(cal, step_time={
+        **cal.step_time, gcl.DRAFT: dataclasses.replace(cal.step_time[gcl.DRAFT], proposer_layers=0)})
+    for b in (1, 16, 64):
+        assert 0.93 < _cycle_ratios_priced(per_forward, QWAMA, b) < 0.97
+        assert 1.2 < _cycle_ratios_priced(cal, QWAMA, b) < 1.33 < min(measured[f"{QWAMA}@{b}"])
+    own = {name: got for name, _, got in rederived_closed_loops(H100_RUN24, tmp_path)}
+    loops = {(d, name): got for d in (QWAMA, LLAMA3B) for name, _, got in rederived_closed_loops(
+        H100_RUN24.with_name(f"{H100_RUN24.name}-{'qwama' if d == QWAMA else '3b'}"), tmp_path, H100_RUN24)}
+    capsys.readouterr()
+    for got, points, median, signs, covered in (
+            (own["closed-loop-result"], 12, 0.081, 12, 11), (own["closed-loop-result-profile"], 12, 0.072, 12, 11),
+            (loops[QWAMA, "closed-loop-result"], 6, 0.044, 6, 6),
+            (loops[QWAMA, "closed-loop-result-profile"], 6, 0.373, 6, 6),
+            (loops[LLAMA3B, "closed-loop-result"], 6, 0.206, 6, 6),
+            (loops[LLAMA3B, "closed-loop-result-profile"], 6, 0.220, 6, 6)):
+        s = got["summary"]
+        assert s["points"] == points and s["median_abs_error"] == pytest.approx(median, abs=1e-3)
+        assert s["sign_right"] == signs and s["interval_coverage"] * points == pytest.approx(covered)
+        assert _verdicts_right(got["points"])
+    for d, before in ((QWAMA, 0.365), (LLAMA3B, 0.320)):
+        run = H100_RUN24.with_name(f"{H100_RUN24.name}-{'qwama' if d == QWAMA else '3b'}")
+        points, _ = gcl.predict_measurements(run, records, adjust=lambda c: per_forward)
+        assert gcl.summarise(points)["median_abs_error"] == pytest.approx(before, abs=1e-3)
 
 
 def test_a_profile_carried_to_the_other_hopper_gpu():
@@ -1423,7 +1505,7 @@ def test_no_stored_gpu_closed_loop_has_a_wrong_verdict():
     the answer said "calibrate"; no "go" was measured slower than no speculation and no "no-go" faster."""
     points = [p for f in sorted(RUN.parent.glob("h[12]00-vllm0.24*/closed-loop-result*.json"))
               for p in json.loads(f.read_text())["points"]]
-    assert len(points) >= 3372
+    assert len(points) >= 3420
     misses = [p for p in points if (p["predicted"] > 1) != (p["measured"] > 1)]
     assert 0 < len(misses) < 0.05 * len(points) and {p["extra"]["decision"] for p in misses} == {"calibrate"}
     assert not [p for p in points if p["extra"]["decision"] == "go" and p["measured"] < 1]

@@ -385,3 +385,33 @@ def test_a_drafter_no_profile_timed_is_priced_by_a_timed_one_of_its_method(gpus,
                        profile=dataclasses.replace(got, drafter_methods=())).to_dict()
     assert any("the drafter's cost is the uncalibrated prior" in r for r in prior["reasons"])
     assert answer["speedup"]["expected"] > prior["speedup"]["expected"]  # the head's measured engine beats the prior
+
+
+def test_a_stand_in_draft_model_pays_the_timed_ones_host_cost_per_layer(gpus, models, make_scenario,
+                                                                        shipped_profiles):
+    """vLLM 0.24 launches a separate draft model's layers from the host (no CUDA graph): a draft model no profile or
+    calibration timed is priced by the timed one's host cost per forward scaled to its own depth (H100 run 24: a
+    24-layer 0.5B drafter's cycle took 1.5-1.6x a 16-layer 1B's in the same host state). Heads keep theirs, and a fit
+    that did not record its drafter's depth keeps its cost per forward."""
+    from advisor.costmodel.types import STAND_IN_TIMING_REL, stand_in_step
+
+    profile = shipped_profiles["H100-SXM"]
+    timed = profile.drafter_step("llama-3.2-1b-instruct")
+    assert timed.proposer_layers == 16 == models["llama-3.2-1b-instruct"].num_layers
+    for name, layers in (("qwama-0.5b-instruct", 24), ("llama-3.2-3b-instruct", 28)):
+        step = profile.with_stand_in(name, "draft_model", layers).drafter_step(name)
+        assert step.proposer_overhead_s == pytest.approx(timed.proposer_overhead_s * layers / 16, rel=1e-12)
+        assert step.proposer_layers == layers and step.timing_rms_rel >= STAND_IN_TIMING_REL
+    assert stand_in_step(timed, "eagle", 28).proposer_overhead_s == timed.proposer_overhead_s
+    unrecorded = dataclasses.replace(timed, proposer_layers=0)
+    assert stand_in_step(unrecorded, "draft_model", 28).proposer_overhead_s == timed.proposer_overhead_s
+    qwama = models["qwama-0.5b-instruct"]
+    s = make_scenario(gpu="H100-SXM", target_model="llama-3.1-8b-instruct", method="draft_model",
+                      draft_model=qwama.name, concurrency=1, vllm_version="0.24",
+                      acceptance=cm.AcceptanceInput(per_position=(0.7, 0.49, 0.343)))
+    answer = cm.predict(s, gpus["H100-SXM"], models["llama-3.1-8b-instruct"], qwama, profile=profile).to_dict()
+    one_b = cm.predict(dataclasses.replace(s, speculator=cm.Speculator("draft_model", "llama-3.2-1b-instruct", 3)),
+                       gpus["H100-SXM"], models["llama-3.1-8b-instruct"], models["llama-3.2-1b-instruct"],
+                       profile=profile).to_dict()
+    assert answer["speedup"]["expected"] < one_b["speedup"]["expected"]  # smaller, but deeper: slower on 0.24
+    assert any("scaled to its 24 layers from 16" in r for r in answer["reasons"])
