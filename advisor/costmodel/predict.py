@@ -375,7 +375,8 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     if stand_in is not None and d_source != "default":
         notes += (f"calibration run {d_source.split(':')[-1]} timed no cycles of {draft.name}: its engine is priced "
                   f"by the fit of {stand_in}, the same method ({method}) on the same engine path, at "
-                  f"{draft.name}'s size{_depth(calibration.step_time[stand_in], d_step)}",)
+                  f"{draft.name}'s size{_depth(calibration.step_time[stand_in], d_step)}; calibrate with "
+                  f"{draft.name} to time it",)
     timed = None
     if step_source.startswith("profile") and draft is not None:
         profile = profile.with_stand_in(draft.name, method, draft.num_layers)
@@ -390,7 +391,8 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
         if stand_in is not None:
             notes += (f"no profile timed cycles of {draft.name}: its engine is priced by the fit of {stand_in}, the "
                       f"same method ({method}) on vLLM {profile.vllm_version}'s same engine path, at {draft.name}'s "
-                      f"size{_depth(profile.drafter_step(stand_in), timed)}, timed by {origin or profile.name}",)
+                      f"size{_depth(profile.drafter_step(stand_in), timed)}, timed by {origin or profile.name}; "
+                      f"calibrate with {draft.name} to time it on your node",)
         elif origin is not None:
             notes += (f"the profile {profile.name} timed no cycles of {draft.name}: its engine is timed by {origin}",)
     if draft is not None and d_source != "default":

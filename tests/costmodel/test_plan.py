@@ -110,7 +110,8 @@ def steps(offer: GpuOffer, target, drafter, method: str) -> tuple:
 
 def test_an_offers_untimed_drafter_gets_the_fit_predict_gives_it(gpus, models):
     """A plan and a recommendation price a drafter the engine profile did not time alike: by the profile's fit of
-    the timed drafter of its method (its stand-in: 3B by the 1B draft model's engine, at least 20 % spread), and
+    the timed drafter of its method (its stand-in: 3B by the 1B draft model's engine, its host cost per forward at
+    the 3B's 28 layers, at least 20 % spread), and
     where no drafter of its method was timed, the profile's fit for the target and the method's prior for the
     drafter (one helper, ``default_drafter_step``); a timed drafter's own fit prices both."""
     import dataclasses
@@ -125,7 +126,8 @@ def test_an_offers_untimed_drafter_gets_the_fit_predict_gives_it(gpus, models):
     untimed, timed = models["llama-3.2-3b-instruct"], models["eagle3-llama-3.1-8b"]
     base = GpuOffer(gpu, 3.0, "input", profile.step_time, profile.prefill, f"profile:{profile.name}", profile)
     one_b = profile.drafter_step("llama-3.2-1b-instruct")
-    stand_in = dataclasses.replace(one_b, timing_rms_rel=max(one_b.timing_rms_rel, STAND_IN_TIMING_REL))
+    stand_in = dataclasses.replace(one_b, timing_rms_rel=max(one_b.timing_rms_rel, STAND_IN_TIMING_REL),
+                                   proposer_overhead_s=one_b.proposer_overhead_s * 28 / 16, proposer_layers=28)
     assert steps(base, target, untimed, "draft_model") == (stand_in, stand_in)
     methodless = dataclasses.replace(profile, drafter_methods=())  # a profile that says no drafter's method
     assert steps(dataclasses.replace(base, profile=methodless), target, untimed, "draft_model") == (
