@@ -265,6 +265,12 @@ def to_calibration(run: CalibrationRun) -> costmodel.Calibration:
     temperatures = run.config.get("temperatures") or [0.0]
     engine = next((m.params.get("engine") for m in run.measurements if (m.params or {}).get("engine")), {})
     drafter = run.draft_model if run.method not in ("ngram", "suffix") else None
+    step = by_kind["step_time"].get(drafter)
+    if run.method == "draft_model" and step is not None and not step.get("proposer_layers"):
+        # a fit stored or uploaded without the depth it was timed at: the catalog's depth of the drafter it timed
+        model = catalog.find_model(drafter)
+        if model is not None:
+            by_kind["step_time"][drafter] = {**step, "proposer_layers": int(model.num_layers)}
     return costmodel.Calibration.from_dict({
         "run_id": run.id, "hardware": run.hardware,
         "drafter_methods": {drafter: run.method} if drafter in by_kind["step_time"] else {},

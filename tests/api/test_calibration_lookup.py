@@ -224,8 +224,8 @@ def _draft_model_timing_run(app, drafter: str = DRAFT) -> int:
 
 def test_a_drafter_the_node_did_not_time_is_priced_by_the_one_of_its_method_it_did(app, client):
     """A user's calibration prices a drafter it did not time as a shipped profile does: by its fit of the drafter
-    of the same method it timed (vLLM runs every draft model on one engine path), at the drafter's own size, with
-    at least 20 % timing spread, and the answer says so. main: such a drafter got the method's prior, the newest
+    of the same method it timed (vLLM runs every draft model on one engine path), at the drafter's own size and
+    depth, with at least 20 % timing spread, and the answer says so. main: such a drafter got the method's prior, the newest
     run's timing (here an n-gram run's, without the draft model's engine) and no word of it."""
     timing = _draft_model_timing_run(app)
     _timing_run(app, 0.004)  # newer: n-gram only
@@ -235,6 +235,9 @@ def test_a_drafter_the_node_did_not_time_is_priced_by_the_one_of_its_method_it_d
     assert answer["provenance"]["step_ms.verify"] == f"calibration:{timing}"
     assert any(f"calibration run {timing} timed no cycles of llama-3.2-3b-instruct: its engine is priced by the fit "
                f"of {DRAFT}" in r for r in answer["reasons"]), answer["reasons"]
+    # the fit stored no depth: the catalog's (16 layers) scales the 3B's host cost per forward to its 28
+    assert any("at llama-3.2-3b-instruct's size and depth (its host cost per forward scaled to its 28 layers from 16"
+               in r for r in answer["reasons"]), answer["reasons"]
     own = client.post("/v1/recommendations", json={**three_b, "speculator": {**three_b["speculator"],
                                                                              "draft_model": DRAFT}}).get_json()
     assert not any("timed no cycles" in r for r in own["reasons"])
