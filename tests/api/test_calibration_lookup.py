@@ -225,8 +225,8 @@ def _draft_model_timing_run(app, drafter: str = DRAFT) -> int:
 def test_a_drafter_the_node_did_not_time_is_priced_by_the_one_of_its_method_it_did(app, client):
     """A user's calibration prices a drafter it did not time as a shipped profile does: by its fit of the drafter
     of the same method it timed (vLLM runs every draft model on one engine path), at the drafter's own size and
-    depth, with at least 20 % timing spread, and the answer says so. main: such a drafter got the method's prior, the newest
-    run's timing (here an n-gram run's, without the draft model's engine) and no word of it."""
+    depth, with at least 20 % timing spread, and the answer says so. main: such a drafter got the method's prior,
+    the newest run's timing (here an n-gram run's, without the draft model's engine) and no word of it."""
     timing = _draft_model_timing_run(app)
     _timing_run(app, 0.004)  # newer: n-gram only
     three_b = example_scenario(speculator={"method": "draft_model", "draft_model": "llama-3.2-3b-instruct",
