@@ -377,6 +377,11 @@ def paired_ratios(samples: list[dict], reference: str) -> dict:
             for key, v in out.items()}
 
 
+def pooled_ratios(starts: list[dict], reference: str) -> dict:
+    """:func:`paired_ratios` over every engine start of a run (a round is one start's round)."""
+    return paired_ratios([{**x, "round": (x["start"], x["round"])} for st in starts for x in st["samples"]], reference)
+
+
 def alternate_drafters(args: argparse.Namespace) -> int:
     """Draft models of different sizes and depths, each in its own engine (all alive together, the 8B-shaped
     target, k = 3), timed in turn: one generation per drafter and batch size per round, every second round in
@@ -438,8 +443,7 @@ def alternate_drafters(args: argparse.Namespace) -> int:
             per = [[x["cycle_ms"] for x in st["samples"] if x["drafter"] == name and x["batch_size"] == b
                     and x.get("cycle_ms")] for st in starts]
             summary[f"{name}@{b}"] = [round(statistics.median(xs), 2) if xs else None for xs in per]
-    pooled = paired_ratios([x for st in starts for x in
-                            ({**y, "round": (y["start"], y["round"])} for y in st["samples"])], args.drafters[0])
+    pooled = pooled_ratios(starts, args.drafters[0])
     out = {"drafters": args.drafters, "batch_sizes": args.batch_sizes, "tokens": args.tokens,
            "median_cycle_ms_per_start": summary, "ratios_to_first": pooled, "starts": starts,
            "speed_probe": _stop_speed_probe(probe), "environment": environment_info()}

@@ -40,10 +40,11 @@ for arg in "$@"; do
              [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT")
              [ -n "${PROMPT_TOKENS:-}" ] && cmd+=(--prompt-tokens "$PROMPT_TOKENS")
              [ -n "${BATCHES:-}" ] && cmd+=(--batch-sizes "$BATCHES") ;;
-    draft_host) cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json")
-                [ -n "${DRAFTERS:-}" ] && cmd+=(--drafters "$DRAFTERS" --batch-sizes "${BATCHES:-1}"
-                                                 --starts "${STARTS:-1}" --seconds "${SECONDS_PER_START:-100}"
-                                                 --speed-probe 15 --out "$W/draft-layers.json") ;;
+    draft_host) if [ -n "${DRAFTERS:-}" ]; then
+                  cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-layers.json"
+                       --drafters "$DRAFTERS" --batch-sizes "${BATCHES:-1}" --starts "${STARTS:-1}"
+                       --seconds "${SECONDS_PER_START:-100}" --speed-probe 15)
+                else cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-host.json"); fi ;;
     kv-auto|kv-fp8) cmd=(python3 -m benchmarks.gpu_closed_loop calibrate --workdir "$W/$phase" --only target
                --set context_len=8192 --set 'batch_sizes=[1,8,32]' --set 'cycle_batch_sizes=[1,8,32]'
                --set 'prompt_lengths=[8192]' --set 'prefill_batch_sizes=[1]' --set "kv_cache_dtype=\"${phase#kv-}\"") ;;

@@ -1288,14 +1288,13 @@ def test_run24_a_draft_models_host_cost_grows_with_its_layers(tmp_path, capsys):
     n-gram 8.1 %, 12 / 12 signs, 11 / 12 intervals. The node, used, calibrated in 239.1 s."""
     import gzip
 
-    from benchmarks.draft_host import paired_ratios
+    from benchmarks.draft_host import pooled_ratios
 
     measured: dict[str, list[float]] = {}
     for name in ("draft-layers.json.gz", "draft-layers-2.json.gz"):
         data = json.loads(gzip.decompress((H100_RUN24 / name).read_bytes()))
         assert data["drafters"] == [gcl.DRAFT, QWAMA, LLAMA3B] and all(not st["errors"] for st in data["starts"])
-        samples = [x | {"round": (x["start"], x["round"])} for st in data["starts"] for x in st["samples"]]
-        ratios = paired_ratios(samples, gcl.DRAFT)
+        ratios = pooled_ratios(data["starts"], gcl.DRAFT)
         assert _same(ratios, data["ratios_to_first"])
         for key, r in ratios.items():
             measured.setdefault(key, []).append(r["median"])
@@ -1312,8 +1311,10 @@ def test_run24_a_draft_models_host_cost_grows_with_its_layers(tmp_path, capsys):
         assert 0.93 < _cycle_ratios_priced(per_forward, QWAMA, b) < 0.97
         assert 1.2 < _cycle_ratios_priced(cal, QWAMA, b) < 1.33 < min(measured[f"{QWAMA}@{b}"])
     own = {name: got for name, _, got in rederived_closed_loops(H100_RUN24, tmp_path)}
-    loops = {(d, name): got for d in (QWAMA, LLAMA3B) for name, _, got in rederived_closed_loops(
-        H100_RUN24.with_name(f"{H100_RUN24.name}-{'qwama' if d == QWAMA else '3b'}"), tmp_path, H100_RUN24)}
+    measurement = {QWAMA: H100_RUN24.with_name(f"{H100_RUN24.name}-qwama"),
+                   LLAMA3B: H100_RUN24.with_name(f"{H100_RUN24.name}-3b")}
+    loops = {(d, name): got for d, run in measurement.items()
+             for name, _, got in rederived_closed_loops(run, tmp_path, H100_RUN24)}
     capsys.readouterr()
     for got, points, median, signs, covered in (
             (own["closed-loop-result"], 12, 0.081, 12, 11), (own["closed-loop-result-profile"], 12, 0.072, 12, 11),
@@ -1326,8 +1327,7 @@ def test_run24_a_draft_models_host_cost_grows_with_its_layers(tmp_path, capsys):
         assert s["sign_right"] == signs and s["interval_coverage"] * points == pytest.approx(covered)
         assert _verdicts_right(got["points"])
     for d, before in ((QWAMA, 0.365), (LLAMA3B, 0.320)):
-        run = H100_RUN24.with_name(f"{H100_RUN24.name}-{'qwama' if d == QWAMA else '3b'}")
-        points, _ = gcl.predict_measurements(run, records, adjust=lambda c: per_forward)
+        points, _ = gcl.predict_measurements(measurement[d], records, adjust=lambda c: per_forward)
         assert gcl.summarise(points)["median_abs_error"] == pytest.approx(before, abs=1e-3)
 
 
