@@ -29,6 +29,7 @@ Usage on the GPU machine (after scripts/gpu-setup.sh): ``python -m benchmarks.dr
 ``--drafters A,B,C`` (:func:`alternate_drafters`) instead starts one engine per catalog draft model, all alive
 together, and times them in turn, round by round, so that a host phase weighs on each alike: how a draft model's
 cycle scales with its layers and its bytes, which decides how the cost model prices a drafter no calibration timed.
+``NAME@L`` names that model's shape at ``L`` layers (``gpu_closed_loop.catalog_row``): one width at several depths.
 """
 from __future__ import annotations
 
@@ -465,7 +466,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     ints = lambda t: [int(x) for x in t.split(",")]  # noqa: E731
     parser.add_argument("--drafters", type=lambda t: t.split(","), default=None, metavar="A,B,...",
                         help="catalog draft models, each in its own engine, timed in turn (alternate_drafters); "
-                             "ratios are to the first")
+                             "ratios are to the first; NAME@L is that model cut or stretched to L layers")
     parser.add_argument("--batch-sizes", type=ints, default=[1], help="with --drafters")
     parser.add_argument("--starts", type=int, default=1, help="with --drafters: times over, with fresh engines")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="with --drafters: each engine's KV cache")

@@ -93,7 +93,14 @@ def _catalog_rows() -> tuple[dict, ...]:
 
 
 def catalog_row(name: str) -> dict:
-    return dict(next(r for r in _catalog_rows() if r["name"] == name))
+    """The packaged catalog's row of ``name``; ``NAME@L`` is that model's shape cut or stretched to ``L`` decoder
+    layers (every layer alike), for timing how a drafter's cost grows with its depth at one width
+    (``benchmarks/draft_host.py --drafters``)."""
+    base, _, layers = name.partition("@")
+    row = dict(next(r for r in _catalog_rows() if r["name"] == base))
+    if layers:
+        row.update(name=name, num_layers=int(layers))
+    return row
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,7 +146,7 @@ def shapes(workdir: Path, drafter: str = DRAFT, target: str = TARGET) -> tuple[s
     from calibration.models import write_shape
 
     return (str(write_shape(catalog_row(target), workdir / "shapes" / target)),
-            str(write_shape(catalog_row(drafter), workdir / "shapes" / drafter)))
+            str(write_shape(catalog_row(drafter), workdir / "shapes" / drafter.replace("@", "-layers"))))
 
 
 def run_drafter(records: list[dict]) -> str:
