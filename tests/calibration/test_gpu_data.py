@@ -3,7 +3,9 @@ the fits, the closed loop and the shipped engine profile, checked on the CPU aga
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -868,8 +870,6 @@ def _inspection_gap_s(run: Path, engines: int = 4) -> int:
     """Seconds from the first engine's arguments to the ``engines``-th "Resolved architecture" in a calibration's
     log: how long vLLM's model inspection held the engines' starts (the log's clock has whole seconds)."""
     import datetime
-    import gzip
-
     def at(line: str) -> datetime.datetime:
         return datetime.datetime.strptime(line.split(" [", 1)[0].split("INFO ", 1)[1], "%m-%d %H:%M:%S")
 
@@ -1224,8 +1224,6 @@ def test_run23_the_next_start_group_spawned_while_the_first_runs(tmp_path, capsy
     n-gram at k = 3, B = 1-128, 20 points) within 6.0-7.6 %, 19 / 20 signs (the miss at break-even: "calibrate"
     1.00x, measured 0.85x), 17 / 20 intervals. The shipped H100 profile, fitted on runs 19 and 20, whose draft model
     ran twice as slow: 21.6 %, every sign right, 13 / 20 intervals, its verdicts right."""
-    import gzip
-
     runs = {"fresh, prespawned": H100_RUN23, "cleared": H100_RUN23.with_name(H100_RUN23.name + "-cleared"),
             "cleared, prespawned": H100_RUN23.with_name(H100_RUN23.name + "-cleared-prespawn")}
     walls = {k: json.loads((d / "calibration-run.json").read_text()) for k, d in runs.items()}
@@ -1286,8 +1284,6 @@ def test_run24_a_draft_models_host_cost_grows_with_its_layers(tmp_path, capsys):
     closed loops (k = 3, B = 1, 16, 64, acceptance 0.5 and 0.8) the lease's calibration of the 1B now prices Qwama
     within 4.4 % (36.5 % per forward) and the 3B within 20.6 % (32.0 %), every sign and interval right; the 1B and
     n-gram 8.1 %, 12 / 12 signs, 11 / 12 intervals. The node, used, calibrated in 239.1 s."""
-    import gzip
-
     from benchmarks.draft_host import pooled_ratios
 
     measured: dict[str, list[float]] = {}
@@ -1329,6 +1325,65 @@ def test_run24_a_draft_models_host_cost_grows_with_its_layers(tmp_path, capsys):
     for d, before in ((QWAMA, 0.365), (LLAMA3B, 0.320)):
         points, _ = gcl.predict_measurements(measurement[d], records, adjust=lambda c: per_forward)
         assert gcl.summarise(points)["median_abs_error"] == pytest.approx(before, abs=1e-3)
+
+
+
+H100_RUN25 = RUN.parent / "h100-vllm0.24-run25"
+
+
+def _run25(name: str) -> tuple[dict, dict]:
+    """A run-25 set (``benchmarks/draft_host.py --drafters``, one engine start): its data and its pooled ratios to the
+    first drafter, re-derived from the samples and checked against those it stored."""
+    from benchmarks.draft_host import pooled_ratios
+
+    data = json.loads(gzip.decompress((H100_RUN25 / f"{name}.json.gz").read_bytes()))
+    ratios = pooled_ratios(data["starts"], data["drafters"][0])
+    assert _same(ratios, data["ratios_to_first"]) and len(data["starts"]) == 1
+    return data, {key: r["median"] for key, r in ratios.items()}
+
+
+def _host_speed_spread(data: dict) -> float:
+    """p95 / p5 of the busy loop's speed on core 15 while the set's samples ran."""
+    import numpy as np
+
+    samples = data["starts"][0]["samples"]
+    t0, t1 = min(x["unix_s"][0] for x in samples), max(x["unix_s"][1] for x in samples)
+    speed = [n for t, n in data["speed_probe"] if t0 <= t <= t1]
+    return float(np.percentile(speed, 95) / np.percentile(speed, 5))
+
+
+def test_run25_a_draft_models_cycle_at_one_width_and_several_depths():
+    """Run 25 (a sixth H100 lease, 2026-12-06, ``draft_host --drafters`` only). The 1B's shape cut or stretched to 4,
+    8, 24 and 32 layers (``NAME@L``) and Qwama's to 12, each set of three alive together with the 16-layer 1B and
+    timed in turn. At one width the cycle grows with the layers, 0.51x at 4 to 1.7-2.3x at 32, and Qwama's per
+    layer as the 1B width's: its head layout (14 heads over 2) is not why it ran slow in run 24. The stand-in rule
+    (``stand_in_step``, run 24's 1B fit) prices 14 of the 16 ratios low, a mean 11 %: the measured cost per layer is
+    1.13-1.43x the rule's. A control, the 1B three times under three names, read 0.98-1.00x (a quiet host; the
+    depth sets ran while the host's speed moved 1.74-1.89x)."""
+    draft = gcl.DRAFT
+    control, ratios = _run25("control-16-16-16")
+    assert control["drafters"] == [draft, f"{draft}@16", f"{draft}@016"]
+    assert all(0.97 < r < 1.01 for r in ratios.values()) and _host_speed_spread(control) < 1.02
+    cal, _ = gcl.build_gpu_calibration(gcl.calibration_records(H100_RUN24), *gcl.catalog_specs(draft, "H100-SXM"))
+    priced_over_measured, slope_over_rule = [], []
+    for name, (low, high) in (("depth-8-16-32", (8, 32)), ("depth-8-16-32-again", (8, 32)),
+                              ("depth-4-16-24", (4, 24)), ("depth-qwama-12-24", (12, 24))):
+        data, ratios = _run25(name)
+        assert not data["starts"][0]["errors"] and 1.7 < _host_speed_spread(data) < 1.9
+        family = QWAMA if "qwama" in name else draft
+        shallow, deep = f"{family}@{low}", family if family == QWAMA else f"{family}@{high}"
+        assert data["drafters"][0] == draft and set(data["drafters"][1:]) == {shallow, deep}
+        for b in (1, 64):
+            assert ratios[f"{shallow}@{b}"] < 1 < ratios[f"{deep}@{b}"]
+            priced = {d: _cycle_ratios_priced(cal, d, b) for d in (shallow, deep)}
+            priced_over_measured += [priced[d] / ratios[f"{d}@{b}"] for d in (shallow, deep)]
+            measured_slope = ratios[f"{deep}@{b}"] - ratios[f"{shallow}@{b}"]
+            slope_over_rule.append(measured_slope / (priced[deep] - priced[shallow]))
+    assert 1.12 < min(slope_over_rule) and max(slope_over_rule) < 1.44
+    assert sum(r < 1 for r in priced_over_measured) == 14 and min(priced_over_measured) > 0.77
+    assert statistics.mean(map(math.log, priced_over_measured)) == pytest.approx(-0.117, abs=0.002)
+    four, ratios = _run25("depth-8-24-32-four-engines")  # four engines: the first (the 1B) did not fit in 80 GB
+    assert list(four["starts"][0]["errors"]) == [draft] and ratios == {}
 
 
 def test_a_profile_carried_to_the_other_hopper_gpu():
@@ -1531,8 +1586,6 @@ def test_a_draft_model_cycle_follows_vcpus_whose_speed_other_tenants_move():
     placement's 1-s samples spread 4-21 ms between 20 and 44 ms. A busy loop held to one core times that core's own
     speed: it swings 1.7-1.8x (p5 to p95) in phases of seconds, with no steal time, each core on its own (other
     tenants share the physical cores), and the cycles run slower while the timed core runs slower."""
-    import gzip
-
     import numpy as np
 
     scan = json.loads((HOST_SPEED / "scan.json").read_text())
@@ -1575,8 +1628,6 @@ def test_a_draft_model_cycle_follows_vcpus_whose_speed_other_tenants_move():
 def test_the_product_plan_reads_the_host_speed_on_the_h200(tmp_path):
     """The plan as it ships, on a fresh H200 lease (2026-12-04, 229.9 s): its host_speed record read the cores'
     speed once a second, 1.59x apart (p5 to p95), and the run's page says so; the fit takes the run as before."""
-    import gzip
-
     from advisor.reports.calibration_findings import findings
 
     run = HOST_SPEED / "calibration"
