@@ -870,6 +870,7 @@ def _inspection_gap_s(run: Path, engines: int = 4) -> int:
     """Seconds from the first engine's arguments to the ``engines``-th "Resolved architecture" in a calibration's
     log: how long vLLM's model inspection held the engines' starts (the log's clock has whole seconds)."""
     import datetime
+
     def at(line: str) -> datetime.datetime:
         return datetime.datetime.strptime(line.split(" [", 1)[0].split("INFO ", 1)[1], "%m-%d %H:%M:%S")
 
