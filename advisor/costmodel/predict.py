@@ -356,14 +356,13 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     ``Calibration.with_stand_in``, ``MeasuredEngineProfile.with_stand_in``); where the calibration timed no drafter
     of the method and the profile did, the profile times it all; else the drafter gets its method's prior."""
     notes: tuple[str, ...] = ()
-    # the profile with this drafter's fit or its stand-in's (the profile itself without a drafter)
-    profiled = profile
-    if profile is not None and draft is not None:
-        profiled = profile.with_stand_in(draft.name, method, draft.num_layers)
+    profiled = None  # the profile with this drafter's fit or its stand-in's, taken once and only where it is needed
     if calibration is not None and draft is not None:
         calibration = calibration.with_stand_in(draft.name, method, draft.num_layers)
         if (target.name in calibration.step_time and draft.name not in calibration.step_time
-                and profiled is not None and engine == "vllm" and profiled.drafter_step(draft.name) is not None):
+                and profile is not None and engine == "vllm"):
+            profiled = profile.with_stand_in(draft.name, method, draft.num_layers)
+        if profiled is not None and profiled.drafter_step(draft.name) is not None:
             # the run timed no drafter of this method and the profile did: its fit of the drafter's engine times the
             # answer, baseline included (one fit for both sides of the ratio). On the H200's EAGLE leases a run
             # without the head's fit priced them within 17-25 %, 2-8 signs wrong per lease; the profile within
@@ -382,7 +381,7 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
                   f"{draft.name} to time it",)
     timed = None
     if step_source.startswith("profile") and draft is not None:
-        profile = profiled
+        profile = profiled if profiled is not None else profile.with_stand_in(draft.name, method, draft.num_layers)
         timed = profile.drafter_step(draft.name)
     spec_step_source = None
     if timed is not None:  # the profile timed this drafter's engine (or carries another GPU's fit of it)

@@ -1328,7 +1328,6 @@ def test_run24_a_draft_models_host_cost_grows_with_its_layers(tmp_path, capsys):
         assert gcl.summarise(points)["median_abs_error"] == pytest.approx(before, abs=1e-3)
 
 
-
 H100_RUN25 = RUN.parent / "h100-vllm0.24-run25"
 
 
