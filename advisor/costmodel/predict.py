@@ -7,7 +7,7 @@ import math
 import operator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -638,20 +638,22 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     caps = {c for c in (res_b, res_s) if c < top}  # queued() reads the grid at the caps
     batch = np.array(sorted(set(CURVE_CONCURRENCY) | {conc_base, conc_spec} | caps), dtype=float)
     ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
+    at = _workload_point(batch, ib, isp, saturated, res_b, res_s)
     # Point estimate over every k: row 0 the scenario's method, rows 1.. the compared methods.
     compared = _compared(ctx, heads or {}) if compare_methods else ()
     grid = queued(_grid(ctx, setup, ctx.acceptance, batch, 1,
                         compared=tuple((c.setup, c.acceptance) for c in compared)), res_b, res_s)
 
     # k: given, or the best expected end-to-end speedup at the workload's concurrency.
-    sp_point = grid.latency_base_s[0, ib, 0] / grid.latency_spec_s[0, isp, :]  # (K,)
+    sp_point = at.speedup(grid)[0]  # (K,)
     k = s.speculator.num_speculative_tokens or int(np.argmax(sp_point) + 1)
     # Monte Carlo draws (row 0 = the point estimate) at the chosen k only: the intervals are only asked there.
-    # One percentile pass: column 0 = the workload (baseline at its concurrency vs speculation at its own), then
-    # the curve's concurrencies.
+    # One percentile pass: column 0 = the workload (baseline at its concurrency vs speculation at its own, or the
+    # rates sustained where saturated: _workload_point), then the curve's concurrencies.
     mc = queued(_grid(ctx, setup, ctx.acceptance, batch, samples, k), res_b, res_s)
     curve_idx = [int(i) for i in np.searchsorted(batch, CURVE_CONCURRENCY)]
-    mc_sp = mc.latency_base_s[:, [ib, *curve_idx], 0] / mc.latency_spec_s[:, [isp, *curve_idx], 0]
+    mc_sp = np.column_stack((at.speedup(mc)[:, 0],
+                             mc.latency_base_s[:, curve_idx, 0] / mc.latency_spec_s[:, curve_idx, 0]))
     pct = percentiles(mc_sp, INTERVAL)  # (2, 1 + len(curve))
     x0 = float(mc_sp[0, 0])
     expected, low, high = x0, min(float(pct[0, 0]), x0), max(float(pct[1, 0]), x0)  # point, and the interval widened to contain it
@@ -659,8 +661,31 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     mem = memory_report(gpu, target, ctx.draft, conc_spec, context_tokens, s.weights_dtype, s.gpu_count,
                         s.gpu_memory_utilization, s.vram_gb, k, s.kv_cache_dtype)
     answer = _assemble(ctx, grid, pct[:, 1:], batch, ib, isp, curve_idx, k, (expected, low, high), mem, checks,
-                       conc_base, conc_spec, conc_source, saturated, compared, (res_b, res_s))
+                       conc_base, conc_spec, conc_source, saturated, compared, (res_b, res_s), at)
     return _prediction(answer)
+
+
+class WorkloadPoint(NamedTuple):
+    """Where the answer's speedup is read on the grid: the grid indices of the baseline and the speculative
+    operating points, and the factor on their latency ratio."""
+    base: int
+    spec: int
+    scale: float
+
+    def speedup(self, grid: Grid) -> np.ndarray:
+        """The workload's speedup per grid row and k: (rows, K)."""
+        return grid.latency_base_s[:, self.base, 0][:, None] / grid.latency_spec_s[:, self.spec, :] * self.scale
+
+
+def _workload_point(batch: np.ndarray, ib: int, isp: int, saturated: bool, res_b: float, res_s: float
+                    ) -> WorkloadPoint:
+    """Below capacity both servers carry the arrival rate, so the speedup is the latency ratio at their operating
+    points. Once the rate exceeds what either sustains, its queue grows without end (no steady latency): the speedup
+    is then the ratio of the rates one server sustains, B_max / L(B_max) (Little's law at the resident caps), which
+    is what a closed loop beyond both caps answers (queued(): L(C) = L(B)·C/B)."""
+    if not saturated:
+        return WorkloadPoint(ib, isp, 1.0)
+    return WorkloadPoint(int(np.searchsorted(batch, res_b)), int(np.searchsorted(batch, res_s)), res_s / res_b)
 
 
 def _capacity(ctx: Context) -> tuple[MemoryReport, float, float]:
@@ -753,7 +778,7 @@ def _infeasible(ctx: Context, mem: MemoryReport, checks: list) -> dict[str, Any]
 def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray, ib: int, isp: int,
               curve_idx: list[int], k: int, speedup: tuple[float, float, float], mem: MemoryReport, checks: list,
               conc_base: float, conc_spec: float, conc_source: str, saturated: bool,
-              compared: tuple[Compared, ...], resident: tuple[float, float]) -> dict[str, Any]:
+              compared: tuple[Compared, ...], resident: tuple[float, float], at: WorkloadPoint) -> dict[str, Any]:
     """grid: point estimate over (1 + compared methods, nB, k_max); curve_pct: (2, len(CURVE_CONCURRENCY))
     Monte Carlo percentiles of the speedup at the chosen k."""
     s, w = ctx.scenario, ctx.scenario.workload
@@ -858,10 +883,11 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
     if queued_b or queued_s:
         reasons.append(f"concurrency {conc_spec:g} exceeds the {res_s:g} sequences whose KV fits with the drafter "
                        f"({res_b:g} without): the others queue, and latency includes the wait")
-    reasons += _reasons(ctx, k, al, expected, low, high, prefill_share, verify_ratio, draft_ratio, conc_spec, mem,
-                        break_even, saturated, checks)
+    sustained = (res_b / lat_base_l[at.base], res_s / lat_spec_k[at.spec]) if saturated else None
+    reasons += _reasons(ctx, k, al, expected, low, high, prefill_share, verify_ratio, draft_ratio,
+                        (conc_base, conc_spec), mem, break_even, sustained, checks)
 
-    methods = _compare_methods(ctx, grid, ib, isp, compared) if compared else []
+    methods = _compare_methods(ctx, grid, at, compared) if compared else []
     vcfg = speculative_config(s.speculator.method, k, ctx.draft if ctx.draft_source.startswith("catalog") else None,
                               table)
     acc_source = ctx.acceptance_source
@@ -929,15 +955,25 @@ def _outside_calibration(ctx: Context, concurrency: float) -> tuple[str, ...]:
 
 
 def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high: float, prefill_share: float,
-             verify_ratio: float, draft_ratio: float, conc: float, mem: MemoryReport, break_even: float | None,
-             saturated: bool, checks: list) -> list[str]:
+             verify_ratio: float, draft_ratio: float, concurrency: tuple[float, float], mem: MemoryReport,
+             break_even: float | None, sustained: tuple[float, float] | None, checks: list) -> list[str]:
+    """``concurrency``: the requests in flight without / with speculation (they differ at an arrival rate: a
+    faster server holds fewer). ``sustained``: the requests per second one server sustains without / with
+    speculation, where the arrival rate exceeds either (None below capacity)."""
     w = ctx.scenario.workload
-    out = [f"expected speedup {expected:.2f}× (interval {low:.2f}–{high:.2f}×) at concurrency {conc:g} with k={k}",
+    conc = concurrency[1]
+    if sustained is not None:
+        where = "in the rate one server sustains,"
+    elif concurrency[0] != conc:
+        where = f"at concurrency {concurrency[0]:.3g} without speculation and {conc:.3g} with it,"
+    else:
+        where = f"at concurrency {conc:g}"
+    out = [f"expected speedup {expected:.2f}× (interval {low:.2f}–{high:.2f}×) {where} with k={k}",
            f"AL {al:.2f} at temperature {w.temperature:g} ({w.structure}, {ctx.acceptance_source})"]
     share = f"prefill is {prefill_share * 100:.0f} % of latency"
     out.append(share + (" (prefill-dominated: speculation only speeds up decode)"
                         if prefill_share > PREFILL_SHARE_FLAG else ""))
-    out.append(f"verify cost {verify_ratio:.2f}× decode at concurrency {conc:g}")
+    out.append(f"verify cost {verify_ratio:.2f}× decode at concurrency {conc:.3g}")
     if ctx.scenario.speculator.method in MODEL_DRAFTERS:
         out.append(f"one draft step costs {draft_ratio * 100:.0f} % of a target step")
     if break_even is not None:
@@ -945,8 +981,10 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
     if mem.concurrency_lost > 0:
         out.append(f"drafter costs {mem.concurrency_lost} concurrent sequences of KV space "
                    f"({mem.max_concurrency_speculative} vs {mem.max_concurrency_baseline})")
-    if saturated:
-        out.append("arrival rate exceeds capacity: server saturated at max concurrency")
+    if sustained is not None:
+        out.append(f"saturated: one server sustains {sustained[0]:.3g} req/s without speculation and "
+                   f"{sustained[1]:.3g} with; at {w.requests_per_second:g} req/s requests queue without end, so the "
+                   f"speedup is the ratio of these rates, and tco.gpus_needed says how many GPUs carry the load")
     if ctx.acceptance_source.startswith("prior"):
         out.append("acceptance from published priors, not measured on your prompts: calibrate to narrow")
     out += [f"{i.severity}: {i.message}" for i in checks]
@@ -1030,10 +1068,10 @@ def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, .
     return tuple(out)
 
 
-def _compare_methods(ctx: Context, grid: Grid, ib: int, isp: int,
+def _compare_methods(ctx: Context, grid: Grid, at: WorkloadPoint,
                      compared: tuple[Compared, ...]) -> list[dict[str, Any]]:
     """The scenario's method (grid row 0) against the compared methods (rows 1..), at the workload's concurrency."""
-    sp = grid.latency_base_s[:, ib, 0][:, None] / grid.latency_spec_s[:, isp, :]  # (1 + M, K)
+    sp = at.speedup(grid)  # (1 + M, K)
     sp_all, best_all = sp.tolist(), (np.argmax(sp, axis=1) + 1).tolist()
     al_all = grid.al[:, 0, :].tolist()
     candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source,

@@ -168,6 +168,29 @@ def test_overload_saturates(gpus, models, make_scenario):
     assert any("saturated" in r for r in d["reasons"])
 
 
+def test_a_saturating_arrival_rate_compares_the_rates_one_server_sustains(gpus, models, make_scenario):
+    """Qwen3-32B on an H200, 32k-token RAG prompts at 2 req/s: neither server keeps up (7 sequences resident
+    without the drafter, 4 with it), so both queues grow without end. Comparing their latencies at 7 and at 4
+    resident sequences said "go, 1.65×" (fewer prompts prefilled together), while the drafter's server sustains
+    fewer requests per second and the TCO needs more GPUs. The speedup is the ratio of the rates sustained, as a
+    closed loop beyond both caps answers it."""
+    sc = make_scenario(gpu="H200-SXM", target_model="qwen3-32b", method="draft_model", draft_model="qwen3-1.7b",
+                       num_speculative_tokens=None, acceptance=None, prompt_tokens=32_000, output_tokens=300,
+                       structure="rag", concurrency=None, requests_per_second=2.0)
+    d = _predict(gpus, models, sc).to_dict()
+    c, sp, thr = d["concurrency"], d["speedup"], d["throughput_tok_s"]
+    assert c["saturated"] and (c["baseline"], c["speculative"]) == (7, 4)
+    assert sp["expected"] == pytest.approx(thr["speculative"] / thr["baseline"], rel=1e-9) and sp["expected"] < 1
+    assert d["decision"] == "no-go" and d["tco"]["gpus_needed"]["speculative"] > d["tco"]["gpus_needed"]["baseline"]
+    assert any("one server sustains 0.13 req/s without speculation and 0.122 with; at 2 req/s" in r
+               for r in d["reasons"])
+    closed = _predict(gpus, models, dataclasses.replace(
+        sc, workload=dataclasses.replace(sc.workload, concurrency=65_536, requests_per_second=None))).to_dict()
+    assert closed["num_speculative_tokens"] == d["num_speculative_tokens"]
+    for key in ("expected", "low", "high"):
+        assert closed["speedup"][key] == pytest.approx(sp[key], rel=1e-9)
+
+
 def test_ngram_and_methods_comparison(gpus, models, make_scenario):
     d = _predict(gpus, models, make_scenario(method="ngram", draft_model=None, structure="rag",
                                              acceptance=None)).to_dict()
