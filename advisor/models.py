@@ -79,6 +79,7 @@ class Model(Timestamped, db.Model):
     tokenizer_vocab_size: Mapped[int]
     tokenizer_hash: Mapped[str | None] = mapped_column(sa.String(128))
     hf_repo: Mapped[str | None] = mapped_column(sa.String(200))
+    max_position_embeddings: Mapped[int | None]  # the context window (costmodel.ModelSpec)
     source: Mapped[str] = mapped_column(sa.Text)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 

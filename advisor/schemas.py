@@ -470,6 +470,10 @@ class ModelSchema(StrictSchema):
     tokenizer_vocab_size = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=10_000_000))
     tokenizer_hash = fields.String(validate=validate.Length(max=128), allow_none=True, load_default=None)
     hf_repo = fields.String(validate=validate.Length(max=200), allow_none=True, load_default=None)
+    max_position_embeddings = fields.Integer(
+        strict=True, validate=validate.Range(min=1, max=100_000_000), allow_none=True, load_default=None,
+        metadata={"description": "Context window in tokens (config.json's max_position_embeddings): vLLM's default "
+                                 "--max-model-len and the longest request it serves; null = unknown, not checked."})
     source = fields.String(required=True, validate=validate.Length(min=1, max=2000))
     created_at = fields.DateTime(dump_only=True)
     updated_at = fields.DateTime(dump_only=True)

@@ -129,3 +129,25 @@ def test_sqlite_instants_in_sqlite3s_format_are_rewritten(tmp_path):
         stored = [row[0] for row in conn.execute(sa.text("SELECT created_at FROM workloads ORDER BY id"))]
     assert stored == list(old.values())
     engine.dispose()
+
+
+def test_context_windows_are_backfilled_for_the_shipped_models(empty_engine):
+    """0008 adds ``max_position_embeddings`` and gives the shipped models the database already holds the shipped
+    catalog's window (a row the catalog does not know stays null); the downgrade takes the column away."""
+    from advisor.storage import catalog_items
+
+    upgrade(empty_engine, "0007")
+    shipped = {m["name"]: m for m in catalog_items("models")}
+    columns = [c["name"] for c in sa.inspect(empty_engine).get_columns("models") if c["name"] != "id"]
+    rows = [{c: m.get(c) for c in columns} for m in shipped.values()]
+    rows.append({**rows[0], "name": "my-own-model"})
+    with empty_engine.begin() as conn:
+        conn.execute(sa.table("models", *map(sa.column, columns)).insert(), [
+            {**r, "created_at": "2026-12-01 00:00:00", "updated_at": "2026-12-01 00:00:00"} for r in rows])
+    upgrade(empty_engine)
+    with empty_engine.connect() as conn:
+        got = dict(conn.execute(sa.text("SELECT name, max_position_embeddings FROM models")).all())
+    assert got == {**{n: m.get("max_position_embeddings") for n, m in shipped.items()}, "my-own-model": None}
+    assert got["llama-3.1-8b-instruct"] == 131_072 and got["vicuna-7b-v1.3"] == 2048
+    downgrade(empty_engine, "0007")
+    assert "max_position_embeddings" not in {c["name"] for c in sa.inspect(empty_engine).get_columns("models")}

@@ -145,6 +145,8 @@ class MemoryReport:
     fits_baseline: bool
     fits: bool  # drafter + weights + KV for the workload's concurrency fit
     concurrency_lost: int  # sequences lost to the drafter
+    context_window_tokens: int | None  # the target's (vLLM serves no longer request); None = unknown
+    max_model_len: int | None  # the --max-model-len the speculative server needs; None: the whole window fits
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -167,8 +169,12 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
     space_spec = space_base - draft_w
     per_seq_base = context_tokens * kv_t
     per_seq_spec = (context_tokens + speculative_tokens) * (kv_t + kv_d)  # lookahead slots for k drafts
-    max_base = max(0, int(space_base // per_seq_base)) if space_base > 0 else 0
-    max_spec = max(0, int(space_spec // per_seq_spec)) if space_spec > 0 else 0
+    window = target.max_position_embeddings
+    if window is not None and context_tokens > window:  # vLLM rejects the request: nothing serves it
+        max_base = max_spec = 0
+    else:
+        max_base = max(0, int(space_base // per_seq_base)) if space_base > 0 else 0
+        max_spec = max(0, int(space_spec // per_seq_spec)) if space_spec > 0 else 0
     need = math.ceil(concurrency)
     return MemoryReport(
         usable_gb=usable / GB / gpu_count, target_weights_gb=target_w / GB, draft_weights_gb=draft_w / GB,
@@ -177,8 +183,26 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
         kv_space_gb=max(space_spec, 0.0) / GB, headroom_gb=(space_spec - need * per_seq_spec) / GB,
         context_tokens=context_tokens, max_concurrency_baseline=max_base, max_concurrency_speculative=max_spec,
         fits_baseline=max_base >= max(need, 1), fits=max_spec >= max(need, 1),
-        concurrency_lost=max(max_base - max_spec, 0),
+        concurrency_lost=max(max_base - max_spec, 0), context_window_tokens=window,
+        max_model_len=max_model_len(space_spec, kv_t + kv_d, speculative_tokens, window, context_tokens),
     )
+
+
+KV_BLOCK_TOKENS = 16  # vLLM's default KV-cache block size on GPUs (CacheConfig.block_size)
+
+
+def max_model_len(kv_space_bytes: float, kv_bytes_per_token: int, lookahead_tokens: int,
+                  context_window_tokens: int | None, context_tokens: int) -> int | None:
+    """The --max-model-len a server needs on this KV space: None where one request of the whole context window
+    fits (vLLM's default max_model_len is the window), else the longest request whose KV fits, in whole blocks,
+    less the pool's null block and the k lookahead slots, and at least the workload's context. vLLM refuses to
+    start when its KV cache cannot hold one request of max_model_len (vllm/v1/core/kv_cache_utils.py,
+    check_enough_kv_cache_memory)."""
+    if context_window_tokens is None or kv_bytes_per_token <= 0:
+        return None
+    blocks = int(max(kv_space_bytes, 0.0) // (kv_bytes_per_token * KV_BLOCK_TOKENS)) - 1
+    longest = (blocks * KV_BLOCK_TOKENS - lookahead_tokens) // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS
+    return None if longest >= context_window_tokens else max(longest, min(context_tokens, context_window_tokens))
 
 
 def resident_sequences(kv_space_gb: float, kv_bytes_per_token: float, prompt_tokens: int, output_tokens: int,

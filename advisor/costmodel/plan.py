@@ -307,6 +307,11 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
     mem = memory_report(gpu, target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
                         kv_cache_dtype=plan.kv_cache_dtype)
     base_row = _row(plan, offer, tp, "baseline", None)
+    window = target.max_position_embeddings
+    if window is not None and ctx > window:
+        why = (f"a request of {ctx:,} tokens (prompt + output) exceeds {target.name}'s context window of {window:,} "
+               f"tokens: vLLM rejects it")
+        return [_infeasible(base_row, why), _infeasible(_row(plan, offer, tp, "speculative", None), why)]
     if not mem.fits_baseline:
         why = (f"does not fit: {mem.target_weights_gb:.1f} GB of weights + activations leave no KV space for a "
                f"{ctx}-token request on {tp}× {gpu.name} ({mem.usable_gb * tp:.0f} GB usable)")

@@ -741,7 +741,11 @@ def _infeasible(ctx: Context, mem: MemoryReport, checks: list) -> dict[str, Any]
     s = ctx.scenario
     where = f"{s.gpu_count}× {ctx.gpu.name}" if s.gpu_count > 1 else ctx.gpu.name
     usable = mem.usable_gb * s.gpu_count
-    if mem.max_concurrency_baseline < 1:
+    window = mem.context_window_tokens
+    if window is not None and mem.context_tokens > window:
+        why = (f"a request of {mem.context_tokens:,} tokens (prompt + output) exceeds {ctx.target.name}'s context "
+               f"window of {window:,} tokens: vLLM rejects it")
+    elif mem.max_concurrency_baseline < 1:
         why = (f"the target alone does not fit: {ctx.target.name} {s.weights_dtype} weights "
                f"{mem.target_weights_gb:.1f} GB + runtime {mem.activation_reserve_gb:.1f} GB + one sequence's KV "
                f"exceed the {usable:.1f} GB usable on {where}; use more GPUs (gpu_count) or smaller weights")
@@ -924,7 +928,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
         "tco": tco,
         "vllm": {"speculative_config": vcfg,
                  "serve_flags": serve_flags(ctx.target, vcfg, s.gpu_count, s.gpu_memory_utilization, s.weights_dtype,
-                                            s.kv_cache_dtype)},
+                                            s.kv_cache_dtype, mem.max_model_len)},
         "checks": [i.to_dict() for i in checks],
         "sources": dict(ctx.catalog_sources),  # catalog row → its datasheet / config.json source
         "cost_model_version": COST_MODEL_VERSION,
@@ -978,6 +982,10 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
         out.append(f"one draft step costs {draft_ratio * 100:.0f} % of a target step")
     if break_even is not None:
         out.append(f"speculation stops paying off above concurrency {break_even:.0f}")
+    if mem.max_model_len is not None:
+        out.append(f"--max-model-len {mem.max_model_len}: the KV space ({mem.kv_space_gb:.1f} GB) holds no request of "
+                   f"{ctx.target.name}'s {mem.context_window_tokens:,}-token context window, and vLLM does not start "
+                   f"without a limit it can hold")
     if mem.concurrency_lost > 0:
         out.append(f"drafter costs {mem.concurrency_lost} concurrent sequences of KV space "
                    f"({mem.max_concurrency_speculative} vs {mem.max_concurrency_baseline})")
@@ -1124,7 +1132,7 @@ def _provenance(ctx: Context, answer: dict[str, Any], acc_source: str, conc_sour
     put("acceptance", answer["acceptance"], acc_source)
     prov["acceptance.temperature"] = "input"
     put("memory", answer["memory"], gpu_src)
-    for path in ("memory.target_weights_gb", "memory.kv_bytes_per_token_target"):
+    for path in ("memory.target_weights_gb", "memory.kv_bytes_per_token_target", "memory.context_window_tokens"):
         prov[path] = tgt_src
     for path in ("memory.draft_weights_gb", "memory.kv_bytes_per_token_draft"):
         prov[path] = draft_src

@@ -82,6 +82,9 @@ class ModelSpec:
     tokenizer_hash: str | None
     kind: str  # MODEL_KINDS
     hf_repo: str | None = None
+    # the context window (config.json's max_position_embeddings): vLLM's default --max-model-len, and the longest
+    # request it serves; None = not known (nothing checked)
+    max_position_embeddings: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:

@@ -32,11 +32,14 @@ def speculative_config(method: str, k: int, draft: ModelSpec | None,
 
 
 def serve_flags(target: ModelSpec, config: dict[str, Any], gpu_count: int, gpu_memory_utilization: float,
-                weights_dtype: str, kv_cache_dtype: str = "auto") -> str:
+                weights_dtype: str, kv_cache_dtype: str = "auto", max_model_len: int | None = None) -> str:
+    """``max_model_len``: where the KV space holds no request of the model's whole window (memory.max_model_len)."""
     parts = ["vllm", "serve", repo_of(target) or target.name,
              "--speculative-config", _COMPACT_JSON.encode(config),
              "--tensor-parallel-size", str(gpu_count),
              "--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
+    if max_model_len is not None:
+        parts += ["--max-model-len", str(max_model_len)]
     if weights_dtype == "fp8":
         parts += ["--quantization", "fp8"]
     if kv_cache_dtype != "auto":

@@ -305,6 +305,7 @@ def model_from_hf_config(raw: bytes, form: dict[str, Any]) -> dict[str, Any]:
     experts = number(("num_local_experts", "num_experts", "n_routed_experts"), 4096, required=False)
     experts_per_token = number(("num_experts_per_tok",), experts, required=False) if experts else None
     moe_intermediate = number(("moe_intermediate_size",), 10_000_000, required=False) or intermediate
+    window = number(("max_position_embeddings", "n_positions", "max_sequence_length"), 100_000_000, required=False)
     tied = config.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise field_error("config", "config.json's 'tie_word_embeddings' must be true or false.")
@@ -321,6 +322,7 @@ def model_from_hf_config(raw: bytes, form: dict[str, Any]) -> dict[str, Any]:
         "param_count": params, "tokenizer_family": form.get("tokenizer_family") or family,
         "tokenizer_vocab_size": vocab, "tokenizer_hash": form.get("tokenizer_hash"),
         "hf_repo": form.get("hf_repo") or (config.get("_name_or_path") or "")[:200] or None,
+        "max_position_embeddings": window,
         "source": form.get("source") or "uploaded Hugging Face config.json",
     }
 

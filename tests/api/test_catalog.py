@@ -16,7 +16,7 @@ MODELS = ["llama-3.1-8b-instruct", "llama-3.2-1b-instruct", "llama-3.2-3b-instru
 LLAMA_31_8B_CONFIG = {  # meta-llama/Llama-3.1-8B-Instruct config.json (abridged to what matters)
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
     "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-    "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "max_position_embeddings": 131072,
 }
 
 NEW_GPU = {"name": "TEST-GPU-1", "vendor": "acme", "gpu_class": "hopper", "memory_gb": 96,
@@ -67,6 +67,7 @@ def test_import_model_from_hf_config(client, auth):
     model = response.get_json()
     assert (model["num_layers"], model["num_kv_heads"], model["head_dim"]) == (32, 8, 128)
     assert model["param_count"] == 8_030_261_248  # the published 8.03 B
+    assert model["max_position_embeddings"] == 131_072  # the context window: vLLM's default --max-model-len
     # the imported model is usable as a target at once
     from tests.conftest import example_scenario
 

@@ -659,7 +659,7 @@ def test_a_plan_does_not_hold_a_transaction_open_while_it_simulates(app, databas
     """Schemathesis (random seeds) on PostgreSQL: a plan's request read the catalog in its session's transaction and
     kept it open through a minute of simulation; the server ended the connection at
     ``idle_in_transaction_session_timeout`` (10 × ``SPECADVISOR_DB_TIMEOUT_S``) and the INSERT got a 500. Here the
-    idle time-out is 1 s and the plan simulates for about 2 s."""
+    idle time-out is 1 s and the plan simulates for about 3 s (long requests, eight load levels, every priced GPU)."""
     from advisor import create_app
     from advisor.config import engine_options
     from advisor.extensions import db
@@ -670,9 +670,9 @@ def test_a_plan_does_not_hold_a_transaction_open_while_it_simulates(app, databas
     quick = create_app({"SQLALCHEMY_DATABASE_URI": database_url, "TESTING": True, "REDIS_URL": "",
                         "INSTANCE_PATH": str(tmp_path), "SQLALCHEMY_ENGINE_OPTIONS": engine_options(database_url, 0.1, 2)})
     catalog.forget_snapshots()
-    plan = {"target_model": "llama-3.1-8b-instruct", "slo": {"percentile": 99, "ttft_ms": 0.5},
-            "load": {"requests_per_second": 0.001},
-            "workload": {"prompt_tokens": 1_048_576, "output_tokens": 131_072, "structure": "rag"}}
+    plan = {"target_model": "llama-3.1-8b-instruct", "slo": {"percentile": 99, "latency_ms": 1_200_000},
+            "load": {"requests_per_second": 1, "growth": [1, 2, 4, 8, 16, 32, 64, 128]},
+            "workload": {"prompt_tokens": 8_000, "output_tokens": 16_000, "structure": "rag"}}
     try:
         started = time.perf_counter()
         response = quick.test_client().post("/v1/plans", json=plan)

@@ -198,3 +198,16 @@ def test_lambda_star_is_read_from_steady_state_runs(gpus, models):
     short, planned, steady = lam(sim_requests=200, steady_requests=200), lam(), lam(steady_requests=3000)
     assert short > 1.3 * steady and steady < planned < short
     assert planned / steady < (short / steady) ** 0.65  # at least a third of the optimism gone, in log terms
+
+
+def test_a_request_beyond_the_context_window_makes_every_option_infeasible(plan_in):
+    """A 131,072-token window: 130,000 + 2,000 tokens per request fit an H100's memory at TP 2 and more, but vLLM
+    rejects such requests, so no option serves the load, and each says why (not "does not fit")."""
+    import dataclasses
+
+    long = plan_capacity(dataclasses.replace(plan_in, prompt_tokens=130_000, output_tokens=2_000,
+                                             offers=plan_in.offers[:1], tp_sizes=(2, 4)))
+    assert not long["feasible"] and long["options"]
+    assert {o["infeasible_reason"] for o in long["options"]} == {
+        "a request of 132,000 tokens (prompt + output) exceeds llama-3.1-8b-instruct's context window of 131,072 "
+        "tokens: vLLM rejects it"}

@@ -191,6 +191,35 @@ def test_a_saturating_arrival_rate_compares_the_rates_one_server_sustains(gpus, 
         assert closed["speedup"][key] == pytest.approx(sp[key], rel=1e-9)
 
 
+def test_serve_flags_limit_the_model_length_where_the_window_does_not_fit(gpus, models, make_scenario):
+    """Llama-3.1-8B on a 24 GB RTX 3090 leaves ~4 GB of KV space; vLLM's default --max-model-len (the model's
+    131,072-token window, 16 GiB of KV) stops the engine at start ("To serve at least one request with the models's
+    max seq len ... KV cache is needed, which is larger than the available KV cache memory"). The command the
+    answer gives must start: it limits the length to what the KV space holds, and no more than needed."""
+    sc = make_scenario(gpu="RTX-3090", method="ngram", draft_model=None, num_speculative_tokens=4, acceptance=None,
+                       prompt_tokens=1000, output_tokens=500, concurrency=1)
+    d = _predict(gpus, models, sc).to_dict()
+    mem, flags = d["memory"], d["vllm"]["serve_flags"]
+    m = int(re.search(r"--max-model-len (\d+)", flags).group(1))
+    per_token = mem["kv_bytes_per_token_target"] + mem["kv_bytes_per_token_draft"]
+    assert 1500 <= m < 131_072 and (m + 4 + 16) * per_token <= mem["kv_space_gb"] * 1e9  # + k slots, a null block
+    assert (m + 4 + 3 * 16) * per_token > mem["kv_space_gb"] * 1e9  # within blocks of the longest: no shorter
+    assert mem["max_model_len"] == m and any(r.startswith(f"--max-model-len {m}:") for r in d["reasons"])
+    roomy = _predict(gpus, models, dataclasses.replace(sc, gpu="H100-SXM")).to_dict()  # 16 GiB of window fits
+    assert roomy["memory"]["max_model_len"] is None and "--max-model-len" not in roomy["vllm"]["serve_flags"]
+
+
+def test_a_request_beyond_the_context_window_is_not_served(gpus, models, make_scenario):
+    """400,000 prompt tokens for Llama-3.1-8B (a 131,072-token window) fit a B200's memory, but vLLM rejects the
+    request: no-go, saying why, with no speedup and no command."""
+    d = _predict(gpus, models, make_scenario(gpu="B200", method="ngram", draft_model=None, acceptance=None,
+                                             prompt_tokens=400_000, output_tokens=500, concurrency=1)).to_dict()
+    assert d["decision"] == "no-go" and d["speedup"]["expected"] is None and d["vllm"]["serve_flags"] is None
+    assert d["reasons"][0] == ("a request of 400,500 tokens (prompt + output) exceeds llama-3.1-8b-instruct's "
+                               "context window of 131,072 tokens: vLLM rejects it")
+    assert not d["memory"]["deployable"] and d["memory"]["context_window_tokens"] == 131_072
+
+
 def test_ngram_and_methods_comparison(gpus, models, make_scenario):
     d = _predict(gpus, models, make_scenario(method="ngram", draft_model=None, structure="rag",
                                              acceptance=None)).to_dict()

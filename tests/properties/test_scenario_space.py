@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,16 @@ def test_every_answer_keeps_the_invariants(sc):
         assert sp["low"] >= cm.GO_THRESHOLD
     if d["concurrency"]["queued"]:
         assert any("queue" in r for r in d["reasons"])
+    # the command starts: vLLM's KV cache must hold one request of --max-model-len (the window by default)
+    mem, window = d["memory"], MODELS[sc.target_model].max_position_embeddings
+    assert window is None or mem["context_tokens"] <= window
+    per_token = mem["kv_bytes_per_token_target"] + mem["kv_bytes_per_token_draft"]
+    length = re.search(r"--max-model-len (\d+)", d["vllm"]["serve_flags"])
+    if window is not None and (window + k + 16) * per_token > mem["kv_space_gb"] * 1e9:
+        assert length and mem["context_tokens"] <= int(length.group(1)) < window
+        assert (int(length.group(1)) + k + 16) * per_token <= mem["kv_space_gb"] * 1e9 * (1 + 1e-12)
+    else:
+        assert length is None
     if sc.workload.concurrency is not None and sc.speculator.num_speculative_tokens:  # the sweep fast path agrees
         draft = MODELS.get(sc.speculator.draft_model) if sc.speculator.draft_model else None
         point = cm.speedup_point(sc, GPUS[sc.gpu], MODELS[sc.target_model], draft)
