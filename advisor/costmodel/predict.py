@@ -25,7 +25,7 @@ from .tco import best_operating_point, tco_report
 from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceInput,
                     AcceptanceModel, Calibration, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec,
                     PrefillParams, Scenario, Slo, StepTimeParams, acceptance_key, minor_version)
-from .vllm_config import serve_flags, speculative_config
+from .vllm_config import PREQUANTIZED, checkpoint_of, serve_flags, speculative_config
 
 CURVE_CONCURRENCY: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MC_SAMPLES = 96  # Monte Carlo draws for the interval (row 0 = point estimate)
@@ -982,6 +982,10 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
         out.append(f"one draft step costs {draft_ratio * 100:.0f} % of a target step")
     if break_even is not None:
         out.append(f"speculation stops paying off above concurrency {break_even:.0f}")
+    dtype = ctx.scenario.weights_dtype
+    if dtype in PREQUANTIZED:
+        out.append(f"{dtype} weights: serve an {checkpoint_of(ctx.target, dtype)[1:-1]} (vLLM reads its "
+                   f"quantization from its config.json), not the bf16 repository")
     if mem.max_model_len is not None:
         out.append(f"--max-model-len {mem.max_model_len}: the KV space ({mem.kv_space_gb:.1f} GB) holds no request of "
                    f"{ctx.target.name}'s {mem.context_window_tokens:,}-token context window, and vLLM does not start "

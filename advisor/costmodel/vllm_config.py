@@ -31,10 +31,22 @@ def speculative_config(method: str, k: int, draft: ModelSpec | None,
     return config
 
 
+# weights vLLM cannot make from the bf16 repository at load time (fp8 it can: --quantization fp8): a checkpoint
+# quantized offline, whose config.json names its method (vLLM's quantization/ configs: awq, gptq, compressed-tensors)
+PREQUANTIZED = {"int4": "int4 (AWQ or GPTQ)", "int8": "int8 (W8A8, e.g. llm-compressor)"}
+
+
+def checkpoint_of(target: ModelSpec, weights_dtype: str) -> str:
+    """What ``vllm serve`` loads: the repository, or for int4 / int8 weights a placeholder for its quantized
+    checkpoint (serving the bf16 repository would load weights the answer did not price)."""
+    repo = repo_of(target) or target.name
+    return f"<{PREQUANTIZED[weights_dtype]} checkpoint of {repo}>" if weights_dtype in PREQUANTIZED else repo
+
+
 def serve_flags(target: ModelSpec, config: dict[str, Any], gpu_count: int, gpu_memory_utilization: float,
                 weights_dtype: str, kv_cache_dtype: str = "auto", max_model_len: int | None = None) -> str:
     """``max_model_len``: where the KV space holds no request of the model's whole window (memory.max_model_len)."""
-    parts = ["vllm", "serve", repo_of(target) or target.name,
+    parts = ["vllm", "serve", checkpoint_of(target, weights_dtype),
              "--speculative-config", _COMPACT_JSON.encode(config),
              "--tensor-parallel-size", str(gpu_count),
              "--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
@@ -42,6 +54,8 @@ def serve_flags(target: ModelSpec, config: dict[str, Any], gpu_count: int, gpu_m
         parts += ["--max-model-len", str(max_model_len)]
     if weights_dtype == "fp8":
         parts += ["--quantization", "fp8"]
+    elif weights_dtype == "fp16":  # vLLM's "auto" takes the config's torch_dtype (bf16 for every catalog model)
+        parts += ["--dtype", "float16"]
     if kv_cache_dtype != "auto":
         parts += ["--kv-cache-dtype", kv_cache_dtype]
     return " ".join(shlex.quote(p) for p in parts)

@@ -209,6 +209,23 @@ def test_serve_flags_limit_the_model_length_where_the_window_does_not_fit(gpus, 
     assert roomy["memory"]["max_model_len"] is None and "--max-model-len" not in roomy["vllm"]["serve_flags"]
 
 
+@pytest.mark.parametrize("dtype,loads,flag", [
+    ("bf16", "meta-llama/Llama-3.1-8B-Instruct", None), ("fp16", "meta-llama/Llama-3.1-8B-Instruct", "--dtype float16"),
+    ("fp8", "meta-llama/Llama-3.1-8B-Instruct", "--quantization fp8"),
+    ("int8", "'<int8 (W8A8, e.g. llm-compressor) checkpoint of meta-llama/Llama-3.1-8B-Instruct>'", None),
+    ("int4", "'<int4 (AWQ or GPTQ) checkpoint of meta-llama/Llama-3.1-8B-Instruct>'", None)])
+def test_serve_flags_load_the_weights_the_answer_priced(gpus, models, make_scenario, dtype, loads, flag):
+    """vLLM quantizes a bf16 repository to fp8 as it loads it (--quantization fp8), and serves fp16 when told to
+    (its "auto" takes the config's bf16); int8 and int4 need a checkpoint quantized offline, which it reads the
+    method of from its config. The 8B repository named for int4 would load 16 GB of bf16 weights where the answer
+    priced 5."""
+    d = _predict(gpus, models, make_scenario(weights_dtype=dtype)).to_dict()
+    flags = d["vllm"]["serve_flags"]
+    assert flags.startswith(f"vllm serve {loads} --speculative-config ")
+    assert (flag in flags) if flag else ("--quantization" not in flags and "--dtype" not in flags)
+    assert any(r.startswith(f"{dtype} weights: serve an {dtype}") for r in d["reasons"]) == (dtype in ("int4", "int8"))
+
+
 def test_a_request_beyond_the_context_window_is_not_served(gpus, models, make_scenario):
     """400,000 prompt tokens for Llama-3.1-8B (a 131,072-token window) fit a B200's memory, but vLLM rejects the
     request: no-go, saying why, with no speedup and no command."""
