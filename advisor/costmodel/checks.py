@@ -25,6 +25,10 @@ def check_draft(target: ModelSpec, draft: ModelSpec | None, method: str) -> list
         if draft is not None:
             issues.append(Issue("warning", field, f"method '{method}' drafts from the prompt; "
                                                   f"draft model '{draft.name}' is ignored"))
+        if method == "suffix":  # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it
+            issues.append(Issue("warning", "speculator.method", "suffix decoding needs Arctic Inference beside vLLM "
+                                                               "(pip install arctic-inference; vLLM 0.24 names "
+                                                               "0.1.1): without it vLLM stops at start"))
         return issues
     if draft is None:
         if method == "draft_model":

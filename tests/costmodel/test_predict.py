@@ -226,6 +226,14 @@ def test_serve_flags_load_the_weights_the_answer_priced(gpus, models, make_scena
     assert any(r.startswith(f"{dtype} weights: serve an {dtype}") for r in d["reasons"]) == (dtype in ("int4", "int8"))
 
 
+def test_suffix_decoding_says_what_vllm_needs_beside_it(gpus, models, make_scenario):
+    """vLLM's suffix decoding imports Arctic Inference when the engine starts (ImportError without it)."""
+    d = _predict(gpus, models, make_scenario(method="suffix", draft_model=None, acceptance=None)).to_dict()
+    assert d["vllm"]["speculative_config"]["method"] == "suffix"
+    assert any(c["severity"] == "warning" and "pip install arctic-inference" in c["message"] for c in d["checks"])
+    assert any(r.startswith("warning: suffix decoding needs Arctic Inference") for r in d["reasons"])
+
+
 def test_a_request_beyond_the_context_window_is_not_served(gpus, models, make_scenario):
     """400,000 prompt tokens for Llama-3.1-8B (a 131,072-token window) fit a B200's memory, but vLLM rejects the
     request: no-go, saying why, with no speedup and no command."""
