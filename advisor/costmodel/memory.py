@@ -189,18 +189,23 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
 
 
 KV_BLOCK_TOKENS = 16  # vLLM's default KV-cache block size on GPUs (CacheConfig.block_size)
+# KV space a --max-model-len does not plan on: what vLLM 0.24 held beyond this file's reserve on an H100 at LLM's
+# defaults of 16,384 batched tokens and 1,024 sequences (benchmarks/max_model_len.py, 2026-12-06: 3.07 GB, at
+# utilization 0.28 and 0.45 alike); the command pins 8,192 and 256, under which vLLM holds less
+MAX_MODEL_LEN_RESERVE_GB = 3.1
 
 
 def max_model_len(kv_space_bytes: float, kv_bytes_per_token: int, lookahead_tokens: int,
                   context_window_tokens: int | None, context_tokens: int) -> int | None:
     """The --max-model-len a server needs on this KV space: None where one request of the whole context window
     fits (vLLM's default max_model_len is the window), else the longest request whose KV fits, in whole blocks,
-    less the pool's null block and the k lookahead slots, and at least the workload's context. vLLM refuses to
-    start when its KV cache cannot hold one request of max_model_len (vllm/v1/core/kv_cache_utils.py,
-    check_enough_kv_cache_memory)."""
+    less the pool's null block and the k lookahead slots, and at least the workload's context; both judged on the
+    space less MAX_MODEL_LEN_RESERVE_GB. vLLM refuses to start when its KV cache cannot hold one request of
+    max_model_len (vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory)."""
     if context_window_tokens is None or kv_bytes_per_token <= 0:
         return None
-    blocks = int(max(kv_space_bytes, 0.0) // (kv_bytes_per_token * KV_BLOCK_TOKENS)) - 1
+    planned = max(kv_space_bytes - MAX_MODEL_LEN_RESERVE_GB * GB, 0.0)
+    blocks = int(planned // (kv_bytes_per_token * KV_BLOCK_TOKENS)) - 1
     longest = (blocks * KV_BLOCK_TOKENS - lookahead_tokens) // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS
     return None if longest >= context_window_tokens else max(longest, min(context_tokens, context_window_tokens))
 

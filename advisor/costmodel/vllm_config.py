@@ -5,6 +5,7 @@ import json
 import shlex
 from typing import Any
 
+from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from .types import ModelSpec
 
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}  # design.md §6
@@ -50,6 +51,9 @@ def serve_flags(target: ModelSpec, config: dict[str, Any], gpu_count: int, gpu_m
              "--speculative-config", _COMPACT_JSON.encode(config),
              "--tensor-parallel-size", str(gpu_count),
              "--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
+    # the scheduler limits the answer priced (its resident cap, its activation reserve): vLLM 0.24's own defaults
+    # depend on the GPU (vllm/engine/arg_utils.py: `vllm serve` takes 1,024 sequences on cards of 70 GiB or more)
+    parts += ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)]
     if max_model_len is not None:
         parts += ["--max-model-len", str(max_model_len)]
     if weights_dtype == "fp8":

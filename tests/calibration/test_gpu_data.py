@@ -1915,3 +1915,34 @@ def test_profiles_ship_without_the_floor_of_steps_that_draft_in_part(monkeypatch
     assert max(e for e, _, _ in shipped) < 0.33 and all(c == 9 and w == 0 for _, c, w in shipped)
     assert min(e for e, _, _ in floored) > 0.55 and max(c for _, c, _ in floored) <= 5
     assert sum(w for _, _, w in floored) >= 1
+
+
+def test_max_model_len_the_answer_gives_is_one_vllm_starts_with_on_the_h100():
+    """benchmarks/max_model_len.py on an H100 (vLLM 0.24, Llama-3.1-8B's shape, LLM's defaults of 16,384 batched
+    tokens and 1,024 sequences, n-gram k = 8): at gpu_memory_utilization 0.28 vLLM refused its default (the
+    131,072-token window, 16 GiB of KV against 2.59 GiB) and estimated 21,168 tokens as the longest that fits; at
+    0.45 it started with the window (131,424 tokens of KV). The memory model priced 3.07 GB more KV than vLLM had at
+    both: the length the answer gives now plans without that much, and lands under vLLM's estimate, and the window
+    is left to vLLM's default exactly where vLLM started with it."""
+    from advisor.costmodel.memory import MAX_MODEL_LEN_RESERVE_GB, memory_report
+
+    data = RUN.parent / "h100-vllm0.24-max-model-len"
+    run = json.loads((data / "llm-defaults.json").read_text())
+    gpu, target, _ = gcl.catalog_specs(gcl.DRAFT, run["gpu"], run["target"])
+    cases = {c["label"]: c for c in run["cases"]}
+    tight, roomy = cases["ngram-k8-u0.28"], cases["ngram-k8-u0.45"]
+    log = gzip.decompress((data / "ngram-k8-u0.28.log.gz").read_bytes()).decode()
+    assert not tight["default_start"]["started"] and ("To serve at least one request with the model's max seq len "
+                                                      "(131072), (16.0 GiB KV cache is needed") in log
+    assert "available KV cache memory (2.59 GiB)" in log and "estimated maximum model length is 21168" in log
+    assert roomy["default_start"]["started"] and roomy["default_start"]["served_output_tokens"] == 500
+
+    def answer(case):
+        return memory_report(gpu, target, None, 1, 1500, "bf16", 1, case["gpu_memory_utilization"],
+                             run["total_memory_bytes"] / 1e9, 8)
+
+    held = [(answer(tight).kv_space_gb - 2.59 * 2**30 / 1e9),
+            (answer(roomy).kv_space_gb - roomy["default_start"]["kv_cache_tokens"] * 131_072 / 1e9)]
+    assert held == pytest.approx([3.06, 3.07], abs=0.01) and max(held) <= MAX_MODEL_LEN_RESERVE_GB
+    assert 20_000 < answer(tight).max_model_len <= 21_168  # vLLM's own estimate of the longest that fits
+    assert answer(roomy).max_model_len is None  # vLLM started with the whole window

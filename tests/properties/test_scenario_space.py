@@ -149,10 +149,11 @@ def test_every_answer_keeps_the_invariants(sc):
     mem, window = d["memory"], MODELS[sc.target_model].max_position_embeddings
     assert window is None or mem["context_tokens"] <= window
     per_token = mem["kv_bytes_per_token_target"] + mem["kv_bytes_per_token_draft"]
+    planned = (mem["kv_space_gb"] - cm.memory.MAX_MODEL_LEN_RESERVE_GB) * 1e9  # (what vLLM held beyond the model)
     length = re.search(r"--max-model-len (\d+)", d["vllm"]["serve_flags"])
-    if window is not None and (window + k + 16) * per_token > mem["kv_space_gb"] * 1e9:
+    if window is not None and (window + k + 16) * per_token > planned:
         assert length and mem["context_tokens"] <= int(length.group(1)) < window
-        assert (int(length.group(1)) + k + 16) * per_token <= mem["kv_space_gb"] * 1e9 * (1 + 1e-12)
+        assert int(length.group(1)) == mem["context_tokens"] or (int(length.group(1)) + k + 16) * per_token <= planned
     else:
         assert length is None
     if sc.workload.concurrency is not None and sc.speculator.num_speculative_tokens:  # the sweep fast path agrees
