@@ -15,7 +15,7 @@ from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fract
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import METHOD_KINDS, check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
-from .memory import MemoryReport, kv_cache_bytes_per_element, memory_report, resident_sequences
+from .memory import MAX_MODEL_LEN_RESERVE_GB, MemoryReport, kv_cache_bytes_per_element, memory_report, resident_sequences
 from .priors import prior_acceptance
 from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
                           stack_grids)
@@ -987,9 +987,11 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
         out.append(f"{dtype} weights: serve an {checkpoint_of(ctx.target, dtype)[1:-1]} (vLLM reads its "
                    f"quantization from its config.json), not the bf16 repository")
     if mem.max_model_len is not None:
-        out.append(f"--max-model-len {mem.max_model_len}: the KV space ({mem.kv_space_gb:.1f} GB) holds no request of "
-                   f"{ctx.target.name}'s {mem.context_window_tokens:,}-token context window, and vLLM does not start "
-                   f"without a limit it can hold")
+        window_gb = mem.context_window_tokens * (mem.kv_bytes_per_token_target + mem.kv_bytes_per_token_draft) / 1e9
+        out.append(f"--max-model-len {mem.max_model_len}: vLLM starts only if its KV cache holds one request of that "
+                   f"length, and {ctx.target.name}'s {mem.context_window_tokens:,}-token window needs {window_gb:.1f} "
+                   f"GB of KV: more than the {mem.kv_space_gb:.1f} GB priced here, less the "
+                   f"{MAX_MODEL_LEN_RESERVE_GB:g} GB that vLLM held beyond it on an H100")
     if mem.concurrency_lost > 0:
         out.append(f"drafter costs {mem.concurrency_lost} concurrent sequences of KV space "
                    f"({mem.max_concurrency_speculative} vs {mem.max_concurrency_baseline})")
