@@ -136,6 +136,7 @@ class MemoryReport:
     kv_bytes_per_token_target: int
     kv_bytes_per_token_draft: int
     activation_reserve_gb: float  # total over GPUs
+    draft_reserve_gb: float  # a separate draft model's own reserve (its CUDA graphs), total over GPUs
     kv_space_gb_baseline: float  # total over GPUs
     kv_space_gb: float  # with the drafter
     headroom_gb: float  # kv_space_gb minus the KV the workload's concurrency needs (with drafter)
@@ -162,11 +163,12 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
     usable = per_gpu_gb * GB * gpu_memory_utilization * gpu_count
     target_w = weights_bytes(target, weights_dtype)
     draft_w = weights_bytes(draft, "bf16") if draft is not None else 0.0  # drafters ship in bf16
+    draft_reserve = DRAFT_MODEL_RESERVE_GB * GB * gpu_count if draft is not None and draft.kind == "causal_lm" else 0.0
     reserve = activation_reserve_bytes(target, gpu_count) * gpu_count
     kv_t = kv_bytes_per_token(target, gpu_count, kv_cache_dtype)
     kv_d = kv_bytes_per_token(draft, gpu_count, kv_cache_dtype) if draft is not None else 0
     space_base = usable - target_w - reserve
-    space_spec = space_base - draft_w
+    space_spec = space_base - draft_w - draft_reserve
     per_seq_base = context_tokens * kv_t
     per_seq_spec = (context_tokens + speculative_tokens) * (kv_t + kv_d)  # lookahead slots for k drafts
     window = target.max_position_embeddings
@@ -179,7 +181,8 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
     return MemoryReport(
         usable_gb=usable / GB / gpu_count, target_weights_gb=target_w / GB, draft_weights_gb=draft_w / GB,
         kv_bytes_per_token_target=kv_t, kv_bytes_per_token_draft=kv_d,
-        activation_reserve_gb=reserve / GB, kv_space_gb_baseline=max(space_base, 0.0) / GB,
+        activation_reserve_gb=reserve / GB, draft_reserve_gb=draft_reserve / GB,
+        kv_space_gb_baseline=max(space_base, 0.0) / GB,
         kv_space_gb=max(space_spec, 0.0) / GB, headroom_gb=(space_spec - need * per_seq_spec) / GB,
         context_tokens=context_tokens, max_concurrency_baseline=max_base, max_concurrency_speculative=max_spec,
         fits_baseline=max_base >= max(need, 1), fits=max_spec >= max(need, 1),
@@ -189,10 +192,14 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
 
 
 KV_BLOCK_TOKENS = 16  # vLLM's default KV-cache block size on GPUs (CacheConfig.block_size)
-# KV space a --max-model-len does not plan on: what vLLM 0.24 held beyond this file's reserve on an H100 at LLM's
-# defaults of 16,384 batched tokens and 1,024 sequences (benchmarks/max_model_len.py, 2026-12-06: 3.07 GB, at
-# utilization 0.28 and 0.45 alike); the command pins 8,192 and 256, under which vLLM holds less
-MAX_MODEL_LEN_RESERVE_GB = 3.1
+# KV space a --max-model-len does not plan on. benchmarks/max_model_len.py, 2026-12-06, an H100, vLLM 0.24, at the
+# limits the command pins (8,192 batched tokens, 256 sequences): vLLM's KV came within 0.06 GB of this file's (n-gram
+# at utilization 0.28 and 0.45; 0.42 GB more without speculation; with a 1B draft model once DRAFT_MODEL_RESERVE_GB
+# is priced). At LLM's own defaults (16,384 tokens, 1,024 sequences) it held 3.07 GB more, hence the pins.
+MAX_MODEL_LEN_RESERVE_GB = 0.5
+# A separate draft model's reserve beyond its weights: vLLM profiles its CUDA graphs too (an estimate of 2.29 GiB
+# against 0.44 with n-gram, same run): 2.06 GB less KV than the weights alone left, for Llama-3.2-1B beside 8B
+DRAFT_MODEL_RESERVE_GB = 2.1
 
 
 def max_model_len(kv_space_bytes: float, kv_bytes_per_token: int, lookahead_tokens: int,

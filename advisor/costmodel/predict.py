@@ -15,7 +15,8 @@ from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fract
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import METHOD_KINDS, check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
-from .memory import MAX_MODEL_LEN_RESERVE_GB, MemoryReport, kv_cache_bytes_per_element, memory_report, resident_sequences
+from .memory import (MAX_MODEL_LEN_RESERVE_GB, MemoryReport, kv_cache_bytes_per_element, memory_report,
+                     resident_sequences)
 from .priors import prior_acceptance
 from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
                           stack_grids)
@@ -750,7 +751,8 @@ def _infeasible(ctx: Context, mem: MemoryReport, checks: list) -> dict[str, Any]
                f"{mem.target_weights_gb:.1f} GB + runtime {mem.activation_reserve_gb:.1f} GB + one sequence's KV "
                f"exceed the {usable:.1f} GB usable on {where}; use more GPUs (gpu_count) or smaller weights")
     else:
-        why = (f"the drafter does not fit: draft weights {mem.draft_weights_gb:.1f} GB + both KV caches for one "
+        why = (f"the drafter does not fit: draft weights {mem.draft_weights_gb:.1f} GB "
+               f"(+ {mem.draft_reserve_gb:.1f} GB reserved beside them) + both KV caches for one "
                f"sequence of {mem.context_tokens} tokens exceed what the target leaves of {usable:.1f} GB on {where}")
     none3 = {"baseline": None, "speculative": None}
     answer: dict[str, Any] = {
@@ -990,8 +992,8 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
         window_gb = mem.context_window_tokens * (mem.kv_bytes_per_token_target + mem.kv_bytes_per_token_draft) / 1e9
         out.append(f"--max-model-len {mem.max_model_len}: vLLM starts only if its KV cache holds one request of that "
                    f"length, and {ctx.target.name}'s {mem.context_window_tokens:,}-token window needs {window_gb:.1f} "
-                   f"GB of KV: more than the {mem.kv_space_gb:.1f} GB priced here, less the "
-                   f"{MAX_MODEL_LEN_RESERVE_GB:g} GB that vLLM held beyond it on an H100")
+                   f"GB of KV: more than the {mem.kv_space_gb:.1f} GB priced here, less a "
+                   f"{MAX_MODEL_LEN_RESERVE_GB:g} GB margin")
     if mem.concurrency_lost > 0:
         out.append(f"drafter costs {mem.concurrency_lost} concurrent sequences of KV space "
                    f"({mem.max_concurrency_speculative} vs {mem.max_concurrency_baseline})")

