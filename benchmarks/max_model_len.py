@@ -28,18 +28,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+# the scheduler limits the answer prices and its command pins (vLLM 0.24's own defaults depend on the GPU and on
+# LLM against `vllm serve`: 1024 sequences on 70 GiB cards, 16,384 batched tokens for LLM there)
+from advisor.costmodel.memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+
 TARGET = "llama-3.1-8b-instruct"
 DRAFT = "llama-3.2-1b-instruct"
 PROMPT_TOKENS, OUTPUT_TOKENS = 1000, 500
-# the scheduler limits the answer prices and its command pins (vLLM 0.24's own defaults depend on the GPU and on
-# LLM against `vllm serve`: 1024 sequences on 70 GiB cards, 16,384 batched tokens for LLM there)
-from advisor.costmodel.memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     label: str
-    method: str  # ngram | draft_model
+    method: str  # none | ngram | draft_model
     k: int
     gpu_memory_utilization: float
 

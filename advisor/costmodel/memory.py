@@ -172,7 +172,7 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
     per_seq_base = context_tokens * kv_t
     per_seq_spec = (context_tokens + speculative_tokens) * (kv_t + kv_d)  # lookahead slots for k drafts
     window = target.max_position_embeddings
-    if window is not None and context_tokens > window:  # vLLM rejects the request: nothing serves it
+    if beyond_context_window(target, context_tokens):  # vLLM rejects the request: nothing serves it
         max_base = max_spec = 0
     else:
         max_base = max(0, int(space_base // per_seq_base)) if space_base > 0 else 0
@@ -189,6 +189,16 @@ def memory_report(gpu: GpuSpec, target: ModelSpec, draft: ModelSpec | None, conc
         concurrency_lost=max(max_base - max_spec, 0), context_window_tokens=window,
         max_model_len=max_model_len(space_spec, kv_t + kv_d, speculative_tokens, window, context_tokens),
     )
+
+
+def beyond_context_window(model: ModelSpec, context_tokens: int) -> str | None:
+    """Why vLLM rejects a request of ``context_tokens`` (prompt + output) for ``model``; None where its context
+    window holds it, or is not known."""
+    window = model.max_position_embeddings
+    if window is None or context_tokens <= window:
+        return None
+    return (f"a request of {context_tokens:,} tokens (prompt + output) exceeds {model.name}'s context window of "
+            f"{window:,} tokens: vLLM rejects it")
 
 
 KV_BLOCK_TOKENS = 16  # vLLM's default KV-cache block size on GPUs (CacheConfig.block_size)

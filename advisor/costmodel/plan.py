@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .acceptance import draft_fraction_at, per_position_rates
-from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, memory_report
+from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, beyond_context_window, memory_report
 from .predict import EngineSteps, engine_steps, timing_run
 from .simulate import EngineLimits, SimResult, SpecDecode, StepModel, Traffic, _StepClock, kv_capacity_tokens, simulate
 from .steptime import forward_cost
@@ -307,10 +307,8 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
     mem = memory_report(gpu, target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
                         kv_cache_dtype=plan.kv_cache_dtype)
     base_row = _row(plan, offer, tp, "baseline", None)
-    window = target.max_position_embeddings
-    if window is not None and ctx > window:
-        why = (f"a request of {ctx:,} tokens (prompt + output) exceeds {target.name}'s context window of {window:,} "
-               f"tokens: vLLM rejects it")
+    why = beyond_context_window(target, ctx)
+    if why is not None:
         return [_infeasible(base_row, why), _infeasible(_row(plan, offer, tp, "speculative", None), why)]
     if not mem.fits_baseline:
         why = (f"does not fit: {mem.target_weights_gb:.1f} GB of weights + activations leave no KV space for a "

@@ -15,8 +15,8 @@ from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fract
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import METHOD_KINDS, check_draft
 from .decision import GO_THRESHOLD, DecisionInput, decide
-from .memory import (MAX_MODEL_LEN_RESERVE_GB, MemoryReport, kv_cache_bytes_per_element, memory_report,
-                     resident_sequences)
+from .memory import (MAX_MODEL_LEN_RESERVE_GB, MemoryReport, beyond_context_window, kv_cache_bytes_per_element,
+                     memory_report, resident_sequences)
 from .priors import prior_acceptance
 from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
                           stack_grids)
@@ -742,15 +742,12 @@ def _infeasible(ctx: Context, mem: MemoryReport, checks: list) -> dict[str, Any]
     s = ctx.scenario
     where = f"{s.gpu_count}× {ctx.gpu.name}" if s.gpu_count > 1 else ctx.gpu.name
     usable = mem.usable_gb * s.gpu_count
-    window = mem.context_window_tokens
-    if window is not None and mem.context_tokens > window:
-        why = (f"a request of {mem.context_tokens:,} tokens (prompt + output) exceeds {ctx.target.name}'s context "
-               f"window of {window:,} tokens: vLLM rejects it")
-    elif mem.max_concurrency_baseline < 1:
+    why = beyond_context_window(ctx.target, mem.context_tokens)
+    if why is None and mem.max_concurrency_baseline < 1:
         why = (f"the target alone does not fit: {ctx.target.name} {s.weights_dtype} weights "
                f"{mem.target_weights_gb:.1f} GB + runtime {mem.activation_reserve_gb:.1f} GB + one sequence's KV "
                f"exceed the {usable:.1f} GB usable on {where}; use more GPUs (gpu_count) or smaller weights")
-    else:
+    elif why is None:
         why = (f"the drafter does not fit: draft weights {mem.draft_weights_gb:.1f} GB "
                f"(+ {mem.draft_reserve_gb:.1f} GB reserved beside them) + both KV caches for one "
                f"sequence of {mem.context_tokens} tokens exceed what the target leaves of {usable:.1f} GB on {where}")
