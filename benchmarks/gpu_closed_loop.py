@@ -58,6 +58,8 @@ class EngineCase:
     method: str | None  # None: baseline
     k: int = 0
     acceptances: tuple[float, ...] = ()
+    dynamic: bool = False  # with a num_speculative_tokens_per_batch_size table of k at every batch size (vLLM's
+    # dynamic speculative decoding: the same k, through the engine path such a table takes)
 
 
 MODEL_DRAFTER_METHODS = {"causal_lm": "draft_model", "eagle_head": "eagle", "eagle3_head": "eagle3"}
@@ -69,12 +71,14 @@ def drafter_method(name: str) -> str:
     return MODEL_DRAFTER_METHODS[catalog_row(name)["kind"]]
 
 
-def engine_cases(drafter: str = DRAFT) -> list[EngineCase]:
+def engine_cases(drafter: str = DRAFT, dynamic_ks: tuple[int, ...] = ()) -> list[EngineCase]:
+    """The measured engines; ``dynamic_ks``: the model drafter also at these k with a dynamic table (``-dynamic``)."""
     cases = [EngineCase("baseline", None)]
     for method, ks in ((drafter_method(drafter), (3, 5)), ("ngram", (3,))):
         for k in ks:
             cases.append(EngineCase(f"{method}-k{k}", method, k, ACCEPTANCES))
-    return cases
+    method = drafter_method(drafter)
+    return cases + [EngineCase(f"{method}-k{k}-dynamic", method, k, ACCEPTANCES, dynamic=True) for k in dynamic_ks]
 
 
 def set_synthetic_rates(worker, conditional: list[float]) -> bool:
@@ -251,7 +255,10 @@ def case_speculative_config(case: EngineCase, target: str, draft: str) -> dict |
     if not case.method:
         return None
     d = DrafterSpec(case.method, case.k, model=None if case.method == "ngram" else draft, draft_sample_method=None)
-    return d.speculative_config(target, synthetic_rates(case.acceptances[0], case.k))
+    spec = d.speculative_config(target, synthetic_rates(case.acceptances[0], case.k))
+    if case.dynamic:  # the table form an answer's serve flags carry (advisor.costmodel.vllm_config), one band
+        spec["num_speculative_tokens_per_batch_size"] = [[1, 512, case.k]]
+    return spec
 
 
 def measure_groups(cases: list[EngineCase], cfg, target: str, draft: str,  # noqa: ANN001
@@ -347,7 +354,8 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
 
 def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
             quantization: str | None = None, prompt_tokens: int = PROMPT_TOKENS,
-            batch_sizes: tuple[int, ...] = BATCH_SIZES, target_name: str = TARGET) -> int:
+            batch_sizes: tuple[int, ...] = BATCH_SIZES, target_name: str = TARGET,
+            dynamic_ks: tuple[int, ...] = ()) -> int:
     """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
     process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time. ``target_name``:
     the catalog target whose shape is served (another than the calibration's: priced by a profile, not by it)."""
@@ -360,10 +368,10 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: 
         by: dict[str, set] = {}
         for r in rows:
             by.setdefault(r["engine"], set()).add(r["batch_size"])
-        done = {c.label for c in engine_cases(drafter)
+        done = {c.label for c in engine_cases(drafter, dynamic_ks)
                 if all(by.get(lbl, set()) >= set(batch_sizes)
                        for lbl in ([c.label] if not c.method else [f"{c.label}-a{a:g}" for a in c.acceptances]))}
-    todo = [c for c in engine_cases(drafter) if c.label not in done and not (only and c.label not in only)]
+    todo = [c for c in engine_cases(drafter, dynamic_ks) if c.label not in done and not (only and c.label not in only)]
     target, draft = shapes(workdir, drafter, target_name)
     cfg = measure_config(target, draft, tp, quantization, prompt_tokens, batch_sizes)
     status = 0
@@ -852,6 +860,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="measure: the prompts' length (e.g. 4096: every step reads a long KV cache)")
     parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)),
                         help="measure: the batch sizes, comma separated")
+    parser.add_argument("--dynamic-k", default=None,
+                        help="measure: also the model drafter at these k (comma separated) with a dynamic table")
     parser.add_argument("--target", default=TARGET,
                         help="measure: the catalog target whose shape is served (another than the calibration's "
                              "8B is priced by --profile or --uncalibrated)")
@@ -894,7 +904,8 @@ def main(args: argparse.Namespace) -> int:
                          args.second_cycle_k, **variant)
     if args.phase == "measure":
         return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
-                       args.quantization, args.prompt_tokens, batch_sizes(args.batch_sizes), args.target)
+                       args.quantization, args.prompt_tokens, batch_sizes(args.batch_sizes), args.target,
+                       batch_sizes(args.dynamic_k) if args.dynamic_k else ())
     if args.phase == "_engine":
         target, draft = shapes(args.workdir, args.drafter, args.target)
         case = json.loads(args.case)

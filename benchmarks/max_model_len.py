@@ -32,6 +32,8 @@ from typing import Any
 # LLM against `vllm serve`: 1024 sequences on 70 GiB cards, 16,384 batched tokens for LLM there)
 from advisor.costmodel.memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
+from .gpu_closed_loop import MODEL_DRAFTER_METHODS
+
 TARGET = "llama-3.1-8b-instruct"
 DRAFT = "llama-3.2-1b-instruct"
 PROMPT_TOKENS, OUTPUT_TOKENS = 1000, 500
@@ -40,9 +42,10 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 1000, 500
 @dataclasses.dataclass(frozen=True)
 class Case:
     label: str
-    method: str  # none | ngram | draft_model
+    method: str  # none | ngram | draft_model | eagle | eagle3
     k: int
     gpu_memory_utilization: float
+    drafter: str = DRAFT  # the catalog's model drafter (draft_model, eagle, eagle3)
 
 
 CASES = (
@@ -56,6 +59,7 @@ CASES = (
 class CaseResult:
     label: str
     gpu_memory_utilization: float
+    drafter: str | None  # the model drafter (None: n-gram or no speculation)
     answer: dict[str, Any]  # decision, memory.*, serve_flags
     default_start: dict[str, Any]  # vLLM at its default max_model_len
     flagged_start: dict[str, Any] | None  # vLLM at the answer's --max-model-len (where it set one)
@@ -67,8 +71,8 @@ def answer_for(case: Case, gpu_name: str, vram_gb: float) -> dict[str, Any]:
 
     from .gpu_closed_loop import catalog_specs
 
-    gpu, target, draft = catalog_specs(DRAFT, gpu_name, TARGET)
-    draft = draft if case.method == "draft_model" else None
+    gpu, target, draft = catalog_specs(case.drafter, gpu_name, TARGET)
+    draft = draft if case.method in MODEL_DRAFTER_METHODS.values() else None
     method = "ngram" if case.method == "none" else case.method  # (no speculation: the answer's baseline memory)
     scenario = cm.Scenario(gpu=gpu.name, target_model=target.name,
                            speculator=cm.Speculator(method, draft.name if draft else None, max(case.k, 1)),
@@ -83,7 +87,7 @@ def engine_kwargs(case: Case, workdir: Path, max_model_len: int | None) -> dict[
     """``vllm.LLM`` arguments as the answer's serve flags give them (dummy weights of the catalog's shapes)."""
     from .gpu_closed_loop import shapes
 
-    target_dir, draft_dir = shapes(workdir, DRAFT, TARGET)
+    target_dir, draft_dir = shapes(workdir, case.drafter, TARGET)
     spec: dict[str, Any] | None = {"method": case.method, "num_speculative_tokens": case.k}
     if case.method == "none":
         spec = None
@@ -145,7 +149,9 @@ def start(kwargs: dict[str, Any], log: Path, timeout_s: float) -> dict[str, Any]
     return {**out, "memory_log": profile[-6:]}
 
 
-def run(workdir: Path, cases: tuple[Case, ...] = CASES, timeout_s: float = 240.0) -> dict[str, Any]:
+def run(workdir: Path, cases: tuple[Case, ...] = CASES, timeout_s: float = 240.0,
+        out: Path | None = None) -> dict[str, Any]:
+    """Every case in turn; the result so far is written to ``out`` after each (a call's time limit keeps it)."""
     import torch
 
     from calibration.probes import environment_info
@@ -162,12 +168,18 @@ def run(workdir: Path, cases: tuple[Case, ...] = CASES, timeout_s: float = 240.0
         log = workdir / f"{case.label}.log"
         default = start(engine_kwargs(case, workdir, None), log, timeout_s)
         flagged = start(engine_kwargs(case, workdir, mml), log, timeout_s) if mml is not None else None
-        results.append(CaseResult(case.label, case.gpu_memory_utilization, answer, default, flagged))
+        drafter = case.drafter if case.method in MODEL_DRAFTER_METHODS.values() else None
+        results.append(CaseResult(case.label, case.gpu_memory_utilization, drafter, answer, default, flagged))
         print(json.dumps(dataclasses.asdict(results[-1]))[:600], flush=True)
-    return {"gpu": gpu_name, "device": props.name, "total_memory_bytes": props.total_memory,
-            "environment": environment_info(), "target": TARGET, "draft": DRAFT,
-            "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
-            "cases": [dataclasses.asdict(r) for r in results]}
+        result = {"gpu": gpu_name, "device": props.name, "total_memory_bytes": props.total_memory,
+                  "environment": environment_info(), "target": TARGET,
+                  "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                  "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
+                  "cases": [dataclasses.asdict(r) for r in results]}
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -175,18 +187,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     parser.add_argument("--only", default=None, help="comma-separated case labels")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per engine start")
-    parser.add_argument("--cases", default=None, help="METHOD:K:UTILIZATION,... (method none, ngram or draft_model)")
+    parser.add_argument("--cases", default=None, help="METHOD:K:UTILIZATION[:DRAFTER],... (method none, ngram, "
+                        "draft_model, eagle or eagle3; DRAFTER a catalog name, default " + DRAFT + ")")
 
 
 def main(args: argparse.Namespace) -> int:
     cases = tuple(c for c in CASES if not args.only or c.label in args.only.split(","))
-    if args.cases:  # METHOD:K:UTILIZATION,...
-        cases = tuple(Case(f"{m}-k{k}-u{u}", m, int(k), float(u))
-                      for m, k, u in (item.split(":") for item in args.cases.split(",")))
-    result = run(args.workdir, cases, args.timeout)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.cases:  # METHOD:K:UTILIZATION[:DRAFTER],...
+        cases = tuple(Case("-".join([m, f"k{k}", f"u{u}", *d]), m, int(k), float(u), *d)
+                      for m, k, u, *d in (item.split(":") for item in args.cases.split(",")))
+    run(args.workdir, cases, args.timeout, args.out)
     return 0
 
 
