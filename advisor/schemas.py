@@ -289,7 +289,10 @@ class AnswerSchema(Schema):
     speculator_choice = _obj("{chosen, candidates: [{method, draft_model, num_speculative_tokens, decision, expected, "
                              "low, high}], rule}: present when the scenario named no speculator.")
     dynamic_sd = fields.List(fields.List(fields.Integer()),
-                             metadata={"description": "vLLM num_speculative_tokens_per_batch_size [[lo, hi, k]]."})
+                             metadata={"description": (
+                                 "The best k per concurrency band [[lo, hi, k]] (0: off), in the form of vLLM's "
+                                 "num_speculative_tokens_per_batch_size. Advice, not in the command: with such a "
+                                 "table vLLM 0.24 runs another engine path, measured slower (docs/cost-model.md).")})
     methods = fields.List(fields.Dict(), metadata={"description": (
         "The scenario's method and n-gram, suffix, EAGLE-3 and EAGLE, best first, each as naming it would answer "
         "(point estimate at its best k, the workload's concurrency): {method, drafter, drafter_source (catalog:<head> "

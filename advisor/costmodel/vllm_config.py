@@ -18,8 +18,10 @@ def repo_of(model: ModelSpec | None) -> str | None:
     return model.hf_repo or model.name
 
 
-def speculative_config(method: str, k: int, draft: ModelSpec | None,
-                       dynamic_table: list[list[int]] | None = None) -> dict[str, Any]:
+def speculative_config(method: str, k: int, draft: ModelSpec | None) -> dict[str, Any]:
+    """One k at every batch size. vLLM's per-batch-size table (num_speculative_tokens_per_batch_size) is left out:
+    with it vLLM 0.24 runs the V1 model runner with piecewise CUDA graphs (vllm/config/vllm.py), and on an H100
+    EAGLE-3 decoded 1.3-2.9x as slowly at the same k, B = 1-64 (benchmarks/data/h100-vllm0.24-dynamic-table)."""
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": int(k)}
     if method in ("draft_model", "eagle", "eagle3") and draft is not None:
         config["model"] = repo_of(draft)
@@ -27,8 +29,6 @@ def speculative_config(method: str, k: int, draft: ModelSpec | None,
         config["model"] = repo_of(draft)
     if method == "ngram":
         config.update(NGRAM_LOOKUP)
-    if dynamic_table and len({row[2] for row in dynamic_table}) > 1:
-        config["num_speculative_tokens_per_batch_size"] = dynamic_table
     return config
 
 

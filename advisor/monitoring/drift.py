@@ -99,7 +99,8 @@ def drift_flags(window: dict[str, Any], expected: Expectation) -> list[dict[str,
     if conc is not None and break_even is not None and conc > break_even:
         flags.append({"flag": "concurrency_above_break_even", "observed": conc, "expected": break_even,
                       "reason": f"traffic now runs at concurrency {_fmt(conc)}; speculation stops paying above "
-                                f"{_fmt(break_even)}: apply the dynamic-SD table or switch it off"})
+                                f"{_fmt(break_even)}: lower k to the answer's dynamic_sd band for it, or switch "
+                                f"speculation off"})
     tpot = (window.get("tpot_ms") or {}).get("mean")
     count = (window.get("tpot_ms") or {}).get("count") or 0
     baseline = expected.tpot_ms_baseline

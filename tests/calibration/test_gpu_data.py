@@ -1955,3 +1955,66 @@ def test_max_model_len_the_answer_gives_is_one_vllm_starts_with_on_the_h100():
     roomy = next(c for c in first["cases"] if c["label"] == "ngram-k8-u0.45")
     vllm_kv_gb = roomy["default_start"]["kv_cache_tokens"] * 131_072 / 1e9
     assert answer(roomy).kv_space_gb - vllm_kv_gb == pytest.approx(3.07, abs=0.01)
+
+
+def _decode_s_by_engine(run: Path) -> dict[tuple[str, int], float]:
+    """The median decode time (wall less first token) of each (engine, batch size) of a measure run."""
+    with gzip.open(run / "measurements.jsonl.gz", "rt") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return {(r["engine"], r["batch_size"]): statistics.median(x["wall_s"] - x["first_token_s"] for x in r["rounds"])
+            for r in rows}
+
+
+def test_a_dynamic_table_slows_eagle3_so_the_command_runs_one_k():
+    """benchmarks/gpu_closed_loop.py measure --dynamic-k 3 on an H100 (vLLM 0.24, dummy weights of Llama-3.1-8B and
+    its EAGLE-3 head, synthetic acceptance, 128 + 128 tokens), twice in one lease: the same k = 3 with a
+    num_speculative_tokens_per_batch_size table, which the command carried until 2026-12-06, took vLLM off its V2
+    model runner and full CUDA graphs, and decoded 1.3-2.9x as slowly at B = 1-64: at B = 1, 0.53-0.79x the
+    baseline where the same k without the table ran 1.47-2.27x. The answer's command runs one k."""
+    data = RUN.parent / "h100-vllm0.24-dynamic-table"
+    first, second = _decode_s_by_engine(data / "eagle3-first"), _decode_s_by_engine(data / "eagle3-second")
+    base = {b: s for (e, b), s in first.items() if e == "baseline"}
+    ratios = {}
+    for run in (first, second):
+        for (engine, b), s in run.items():
+            if engine.startswith("eagle3-k3-dynamic") and b <= 64:
+                fixed = run[(engine.replace("-dynamic", ""), b)]
+                ratios[engine, b, id(run)] = s / fixed
+                if b == 1:
+                    assert base[1] / s < 0.8 < 1.4 < base[1] / fixed
+    assert len(ratios) == 12 and 1.25 < min(ratios.values()) and max(ratios.values()) < 3.0
+    log = gzip.decompress((data / "eagle3-first" / "measure.log.gz").read_bytes()).decode()
+    assert "Overriding cudagraph_mode from FULL_AND_PIECEWISE to PIECEWISE" in log
+    assert "Model Runner V2 does not yet support dynamic speculative decoding" in log
+
+    gpu, target, head = gcl.catalog_specs("eagle3-llama-3.1-8b", "H100-SXM")
+    for concurrency in (1, 8, 32):
+        sc = Scenario(gpu=gpu.name, target_model=target.name, speculator=Speculator("eagle3", head.name, None),
+                      workload=Workload(1000, 300, 0.0, "code", concurrency=concurrency), vllm_version="0.24")
+        d = predict(sc, gpu, target, head).to_dict()
+        assert len({row[2] for row in d["dynamic_sd"]}) > 1 and d["decision"] == "go"
+        assert set(d["vllm"]["speculative_config"]) == {"method", "num_speculative_tokens", "model"}
+
+
+def test_an_eagle3_head_reserves_nothing_beyond_its_weights_and_the_lengths_start():
+    """benchmarks/max_model_len.py on an H100, 2026-12-06 (a ninth lease): with Llama-3.1-8B's EAGLE-3 head vLLM's KV
+    came within 0.07 GB of the memory model's at utilization 0.45 and 0.28 (no reserve beside its 0.85 GB of
+    weights), and with the 1B draft model at 0.28 within 0.04 GB. Where the window did not fit, vLLM refused its
+    default length and started and served a 1,500-token request at the answer's --max-model-len (33,216 with the
+    head, 4,672 with the draft model)."""
+    from advisor.costmodel.memory import memory_report
+
+    result = json.loads((RUN.parent / "h100-vllm0.24-max-model-len" / "eagle3" / "result.json").read_text())
+    vram_gb = result["total_memory_bytes"] / 1e9
+    gaps = {}
+    for case in result["cases"]:
+        gpu, target, drafter = gcl.catalog_specs(case["drafter"], result["gpu"], result["target"])
+        mem = memory_report(gpu, target, drafter, 1, 1500, "bf16", 1, case["gpu_memory_utilization"], vram_gb, 3)
+        start = case["flagged_start"] or case["default_start"]  # the command's start
+        vllm_gib = next(float(x.split(": ")[1].split()[0]) for x in start["memory_log"] if x.startswith("Available"))
+        gaps[case["label"]] = mem.kv_space_gb - vllm_gib * 2**30 / 1e9
+        assert start["started"] and start["served_output_tokens"] == 500
+        assert start["max_model_len"] == (mem.max_model_len or target.max_position_embeddings)
+        assert case["default_start"]["started"] == (mem.max_model_len is None)
+    assert gaps == pytest.approx({"eagle3-k3-u0.45-eagle3-llama-3.1-8b": -0.06, "draft_model-k3-u0.28": -0.04,
+                                  "eagle3-k3-u0.28-eagle3-llama-3.1-8b": -0.06}, abs=0.01)

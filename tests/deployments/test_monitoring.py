@@ -159,7 +159,8 @@ def test_drift_flags_and_reasons():
               "tpot_ms": {"mean": 45.0, "count": 40}}
     flags = {f["flag"]: f["reason"] for f in drift_flags(window, expected)}
     assert flags["concurrency_above_break_even"] == ("traffic now runs at concurrency 96; speculation stops paying "
-                                                     "above 41: apply the dynamic-SD table or switch it off")
+                                                     "above 41: lower k to the answer's dynamic_sd band for it, "
+                                                     "or switch speculation off")
     assert flags["acceptance_below_prediction"].startswith("realised AL 1.40 over 500 drafts is below the predicted")
     assert "measured TPOT 45.00 ms is worse" in flags["tpot_worse_than_baseline"]
     calm = {"mean_acceptance_length": 2.2, "drafts": 500, "concurrency": 8.0, "tpot_ms": {"mean": 20.0, "count": 40}}

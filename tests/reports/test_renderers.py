@@ -214,7 +214,7 @@ def test_speculative_config_is_copyable_json():
     config = {
         "method": "eagle",
         "num_speculative_tokens": 2,
-        "num_speculative_tokens_per_batch_size": [[1, 31, 3]],
+        "model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
     }
     text = pages.compact_json(config)
     assert json.loads(text) == config and text.count("\n") == 4
