@@ -835,9 +835,10 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
     table = dynamic_table(points, [bands[p][0] for p in points], [bands[p][1] for p in points])
     break_even = _break_even(CURVE_CONCURRENCY, fixed_curve)
 
-    # TCO: baseline vs speculation at the command's k (one k at every concurrency, as the command runs: see
-    # vllm_config.speculative_config), each at its own best operating point: under the stated SLO on the curve's concurrencies, or — no SLO stated — at the baseline's
-    # end-to-end latency at the workload's concurrency (iso-latency; the workload's concurrency is a candidate).
+    # TCO: baseline vs speculation at the command's k (one k at every concurrency, as the command runs:
+    # vllm_config.speculative_config), each at its own best operating point: under the stated SLO on the curve's
+    # concurrencies, or — no SLO stated — at the baseline's end-to-end latency at the workload's concurrency
+    # (iso-latency; the workload's concurrency is a candidate).
     gpu_hour = s.gpu_hour_usd if s.gpu_hour_usd is not None else ctx.gpu.gpu_hour_usd
     if s.slo is not None:
         slo, slo_source, idx = s.slo, "input", curve_idx
@@ -881,7 +882,8 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
                         (conc_base, conc_spec), mem, break_even, sustained, checks, table)
 
     methods = _compare_methods(ctx, grid, at, compared) if compared else []
-    vcfg = speculative_config(s.speculator.method, k, ctx.draft if ctx.draft_source.startswith("catalog") else None)
+    vcfg = speculative_config(s.speculator.method, k, ctx.draft if ctx.draft_source.startswith("catalog") else None,
+                              w.temperature)
     acc_source = ctx.acceptance_source
     answer: dict[str, Any] = {
         "decision": decision,

@@ -18,13 +18,18 @@ def repo_of(model: ModelSpec | None) -> str | None:
     return model.hf_repo or model.name
 
 
-def speculative_config(method: str, k: int, draft: ModelSpec | None) -> dict[str, Any]:
+def speculative_config(method: str, k: int, draft: ModelSpec | None, temperature: float = 0.0) -> dict[str, Any]:
     """One k at every batch size. vLLM's per-batch-size table (num_speculative_tokens_per_batch_size) is left out:
     with it vLLM 0.24 runs the V1 model runner with piecewise CUDA graphs (vllm/config/vllm.py), and on an H100
-    EAGLE-3 decoded 1.3-2.9x as slowly at the same k, B = 1-64 (benchmarks/data/h100-vllm0.24-dynamic-table)."""
+    EAGLE-3 decoded 1.3-2.9x as slowly at the same k, B = 1-64 (benchmarks/data/h100-vllm0.24-dynamic-table).
+    A draft model at T > 0 samples its drafts (draft_sample_method "probabilistic", as the calibration measures
+    and the priors assume: Leviathan et al. 2023); vLLM's default proposes its argmax, which accepts less
+    (benchmarks/draft_sampling.py)."""
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": int(k)}
     if method in ("draft_model", "eagle", "eagle3") and draft is not None:
         config["model"] = repo_of(draft)
+    if method == "draft_model" and temperature > 0:
+        config["draft_sample_method"] = "probabilistic"
     if method == "mtp" and draft is not None and draft.kind == "mtp_head":
         config["model"] = repo_of(draft)
     if method == "ngram":

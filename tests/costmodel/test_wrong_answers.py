@@ -199,6 +199,19 @@ def test_the_command_runs_one_k_where_the_best_k_varies(gpus, models, make_scena
     assert any("the command keeps k=" in r for r in d["reasons"])
 
 
+@pytest.mark.parametrize("method,drafter,temperature,sampled", [
+    ("draft_model", "llama-3.2-1b-instruct", 0.7, True), ("draft_model", "llama-3.2-1b-instruct", 0.0, False),
+    ("eagle3", "eagle3-llama-3.1-8b", 0.7, False)])
+def test_a_draft_model_samples_its_drafts_at_temperature(gpus, models, make_scenario, method, drafter, temperature,
+                                                         sampled):
+    """Until 2026-12-06 the command left vLLM's default draft_sample_method ("greedy": the drafter proposes its
+    argmax), while the calibration measured a draft model sampling its drafts, as the priors assume: at T = 0.7 the
+    greedy drafter accepted less (benchmarks/data/draft-sampling-cpu.json)."""
+    sc = make_scenario(concurrency=1, temperature=temperature, method=method, draft_model=drafter)
+    cfg = _predict(gpus, models, sc)["vllm"]["speculative_config"]
+    assert (cfg.get("draft_sample_method") == "probabilistic") is sampled
+
+
 def test_chosen_k_runs_in_the_workloads_band(gpus, models, make_scenario):
     d = _predict(gpus, models, make_scenario(concurrency=8, num_speculative_tokens=None))
     band = next(row for row in d["dynamic_sd"] if row[0] <= 8 <= row[1])
