@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .acceptance import (al_from_per_position, alpha_from_al, expected_tokens_iid, per_position_rates,
                          walltime_improvement_iid)
-from .checks import HEAD_KINDS, check_draft
+from .checks import HEAD_KINDS, check_draft, check_tensor_parallel
 from .decision import GO_THRESHOLD, decide
 from .memory import kv_bytes_per_token, memory_report, weights_bytes
 from .predict import (CURVE_CONCURRENCY, Prediction, calibrated_acceptance, calibration_mismatch,
@@ -26,6 +26,7 @@ __all__ = [
     "CostModelError", "ENGINES", "MeasuredEngineProfile", "matching_profile", "profile_summary", "GO_THRESHOLD", "GpuSpec", "Issue", "METHODS", "MODEL_KINDS", "ModelSpec",
     "Prediction", "PrefillParams", "STRUCTURES", "Scenario", "Slo", "Speculator", "StepTimeParams", "TcoLoad",
     "KV_CACHE_DTYPES", "WEIGHTS_DTYPES", "Workload", "acceptance_key", "al_from_per_position", "alpha_from_al", "check_draft",
+    "check_tensor_parallel",
     "decide", "default_prefill_params", "default_step_time_params", "dynamic_table", "expected_tokens_iid",
     "finite_json",
     "kv_bytes_per_token", "memory_report", "per_position_rates", "predict", "prior_acceptance", "speedup_point",

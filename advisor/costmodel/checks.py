@@ -58,3 +58,19 @@ def check_draft(target: ModelSpec, draft: ModelSpec | None, method: str) -> list
         issues.append(Issue("warning", field, f"draft family '{draft.family}' differs from target family "
                                               f"'{target.family}'"))
     return issues
+
+
+def check_tensor_parallel(target: ModelSpec, draft: ModelSpec | None, method: str, gpu_count: int) -> list[Issue]:
+    """vLLM shards every model's attention heads over the tensor-parallel GPUs and refuses to start where they do not
+    divide (vllm/config/model.py, verify_with_parallel_config); a model drafter runs at the target's size
+    (vllm/config/speculative.py, _verify_and_get_draft_tp)."""
+    issues: list[Issue] = []
+    if gpu_count > 1 and target.num_attention_heads % gpu_count:
+        issues.append(Issue("error", "gpu_count", f"'{target.name}' has {target.num_attention_heads} attention heads: "
+                                                  f"vLLM cannot split them over {gpu_count} GPUs (tensor parallel)"))
+    if (gpu_count > 1 and draft is not None and method not in ("ngram", "suffix")
+            and draft.num_attention_heads % gpu_count):
+        issues.append(Issue("error", "speculator.draft_model", (
+            f"'{draft.name}' has {draft.num_attention_heads} attention heads: vLLM runs the drafter at the target's "
+            f"tensor-parallel size and cannot split them over {gpu_count} GPUs")))
+    return issues

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .acceptance import draft_fraction_at, per_position_rates
+from .checks import check_tensor_parallel
 from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, beyond_context_window, memory_report
 from .predict import EngineSteps, engine_steps, timing_run
 from .simulate import EngineLimits, SimResult, SpecDecode, StepModel, Traffic, _StepClock, kv_capacity_tokens, simulate
@@ -138,12 +139,13 @@ def tp_candidates(plan: PlanInput, offer: GpuOffer) -> list[int]:
     if plan.tp_sizes:
         return sorted(set(plan.tp_sizes))
     ctx = plan.prompt_tokens + plan.output_tokens
-    for i, tp in enumerate(TP_SIZES):
+    sizes = [tp for tp in TP_SIZES if not check_tensor_parallel(plan.target, None, "ngram", tp)]  # vLLM can shard
+    for i, tp in enumerate(sizes):
         mem = memory_report(offer.gpu, plan.target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
                             kv_cache_dtype=plan.kv_cache_dtype)
         if mem.fits_baseline:
-            return list(TP_SIZES[i:i + MAX_TP_CHOICES])
-    return [TP_SIZES[-1]]
+            return sizes[i:i + MAX_TP_CHOICES]
+    return [sizes[-1]]
 
 
 def _lengths(plan: PlanInput, n: int) -> tuple[np.ndarray | int, np.ndarray | int]:
@@ -307,7 +309,8 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
     mem = memory_report(gpu, target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
                         kv_cache_dtype=plan.kv_cache_dtype)
     base_row = _row(plan, offer, tp, "baseline", None)
-    why = beyond_context_window(target, ctx)
+    why = beyond_context_window(target, ctx) or next(
+        (i.message for i in check_tensor_parallel(target, None, "ngram", tp)), None)
     if why is not None:
         return [_infeasible(base_row, why), _infeasible(_row(plan, offer, tp, "speculative", None), why)]
     if not mem.fits_baseline:
@@ -331,6 +334,10 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
                              None, kmax or MAX_K, plan.kv_cache_dtype)
         if not smem.fits:
             reasons.append(f"{_spec_name(cand)}: drafter + KV do not fit")
+            continue
+        unsharded = check_tensor_parallel(target, cand.draft, cand.method, tp)
+        if unsharded:
+            reasons.append(f"{_spec_name(cand)}: {unsharded[0].message}")
             continue
         dcost = forward_cost(gpu, cand.draft, "bf16", tp, plan.kv_cache_dtype) if cand.draft is not None else None
         steps = offer.speculative_steps(target, cand.draft, cand.method)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fraction_at, model_from_input,
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
-from .checks import METHOD_KINDS, check_draft
+from .checks import METHOD_KINDS, check_draft, check_tensor_parallel
 from .decision import GO_THRESHOLD, DecisionInput, decide
 from .memory import (MAX_MODEL_LEN_RESERVE_GB, MemoryReport, beyond_context_window, kv_cache_bytes_per_element,
                      memory_report, resident_sequences)
@@ -603,6 +603,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     s, w = scenario, scenario.workload
     ctx = _context(s, gpu, target, draft, calibration, catalog_sources, profile)
     checks = check_draft(target, draft, s.speculator.method) if s.speculator.method in METHODS else []
+    checks += check_tensor_parallel(target, draft, s.speculator.method, s.gpu_count)
     setup = _setup(ctx)
     context_tokens = w.prompt_tokens + w.output_tokens
     mem0, res_b, res_s = _capacity(ctx)

@@ -65,7 +65,9 @@ def predict(data: dict[str, Any]) -> Answer:
         draft_row = catalog.require_model(scenario.speculator.draft_model, "speculator.draft_model")
     gpu, target = catalog.gpu_spec(gpu_row), catalog.model_spec(target_row)
     draft = catalog.model_spec(draft_row) if draft_row is not None else None
-    for issue in costmodel.check_draft(target, draft, scenario.speculator.method):
+    method = scenario.speculator.method
+    for issue in costmodel.check_tensor_parallel(target, draft, method, scenario.gpu_count) + costmodel.check_draft(
+            target, draft, method):
         if issue.severity == "error":
             raise field_error(issue.field, issue.message)
     calibration = calibrations.calibration_for(gpu.name, target.name, scenario, gpu)
@@ -90,6 +92,8 @@ def best_speculator(data: dict[str, Any]) -> Answer:
     with every candidate's verdict under ``speculator_choice``. ``data["speculator"]`` is set to the choice, so the
     stored scenario reproduces the answer when sent again."""
     target = catalog.model_spec(catalog.require_model(data["target_model"], "target_model"))
+    for issue in costmodel.check_tensor_parallel(target, None, "ngram", data.get("gpu_count", 1)):
+        raise field_error(issue.field, issue.message)  # no candidate can run: say why, not "none fits"
     tried: list[tuple[dict[str, Any], Answer]] = []
     for candidate in catalog.speculator_candidates(target):
         try:

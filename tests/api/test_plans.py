@@ -186,3 +186,15 @@ def test_a_plan_over_a_catalog_of_many_priced_gpus_asks_which_to_consider(app, c
     assert response.status_code == 422 and "gpus" in response.get_json()["error"]["fields"]
     named = client.post("/v1/plans", json={**body, "gpus": ["H100-SXM", "Many-0"]})
     assert named.status_code == 201, named.get_json()
+
+
+def test_a_tensor_parallel_size_vllm_cannot_shard_is_an_infeasible_option_that_says_why(client):
+    body = example_plan(target_model="vicuna-7b-v1.3", gpus=["H100-SXM"], tensor_parallel_sizes=[8],
+                        speculators=[{"method": "draft_model", "draft_model": "vicuna-68m"}])
+    options = {o["mode"]: o for o in client.post("/v1/plans", json=body).get_json()["options"]}
+    assert options["baseline"]["feasible"] and not options["speculative"]["feasible"]
+    assert "12 attention heads" in options["speculative"]["infeasible_reason"]
+    default = example_plan(target_model="smollm2-135m-instruct", gpus=["H100-SXM"], tensor_parallel_sizes=None,
+                           speculators=[{"method": "ngram"}])  # 9 heads: only one GPU can serve it
+    options = client.post("/v1/plans", json=default).get_json()["options"]
+    assert {o["tensor_parallel_size"] for o in options} == {1}

@@ -268,3 +268,18 @@ def test_a_gpu_without_a_profile_gets_its_vllm_versions_profile_carried(client):
     eagle3 = post(client, {**body, "speculator": {"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"}}).get_json()
     assert any("its engine is timed by H200-SXM × vLLM 0.24 → A100-80GB-SXM" in r for r in eagle3["reasons"])
     assert post(client, {**body, "gpu": "MI300X"}).get_json()["engine_profile"] is None
+
+
+def test_heads_that_do_not_divide_over_the_gpus_are_a_422_naming_the_field(client):
+    body = {**example_scenario(), "target_model": "vicuna-7b-v1.3", "gpu_count": 8,
+            "speculator": {"method": "draft_model", "draft_model": "vicuna-68m"}}
+    body.pop("acceptance", None)
+    response = post(client, body)
+    assert response.status_code == 422 and "speculator.draft_model" in response.get_json()["error"]["fields"]
+    assert post(client, {**body, "gpu_count": 4}).status_code == 201
+    unnamed = {k: v for k, v in body.items() if k != "speculator"}  # the advisor skips the drafter it cannot shard
+    chosen = post(client, unnamed).get_json()["speculator_choice"]["candidates"]
+    assert "vicuna-68m" not in {c.get("draft_model") for c in chosen} and chosen
+    small = {**unnamed, "target_model": "smollm2-135m-instruct", "gpu_count": 2}
+    response = post(client, small)
+    assert response.status_code == 422 and "gpu_count" in response.get_json()["error"]["fields"]

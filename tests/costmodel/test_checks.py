@@ -41,3 +41,20 @@ def test_head_kind_must_match_method(models):
 def test_ngram_needs_no_draft(models):
     assert cm.check_draft(models["llama-3.1-8b-instruct"], None, "ngram") == []
     assert _by(cm.check_draft(models["llama-3.1-8b-instruct"], None, "draft_model"), "error")
+
+
+def test_heads_that_do_not_divide_over_the_gpus_are_errors_and_the_answer_is_no_go(gpus, models, make_scenario):
+    """vLLM refuses to start where the attention heads do not divide over the tensor-parallel GPUs, the drafter's
+    too (it runs at the target's size); until 2026-12-06 vicuna-7b with vicuna-68m (12 heads) on 8 GPUs got an
+    answer with a command vLLM would not start."""
+    target, draft = models["vicuna-7b-v1.3"], models["vicuna-68m"]
+    assert cm.check_tensor_parallel(target, draft, "draft_model", 4) == []  # 32 and 12 heads over 4
+    [issue] = cm.check_tensor_parallel(target, draft, "draft_model", 8)
+    assert issue.severity == "error" and issue.field == "speculator.draft_model" and "12 attention heads" in issue.message
+    assert cm.check_tensor_parallel(target, draft, "ngram", 8) == []  # n-gram has no drafter model
+    [issue] = cm.check_tensor_parallel(models["smollm2-135m-instruct"], None, "ngram", 2)
+    assert issue.field == "gpu_count" and "9 attention heads" in issue.message
+    sc = make_scenario(gpu="H100-SXM", target_model=target.name, gpu_count=8, method="draft_model",
+                       draft_model=draft.name, num_speculative_tokens=3)
+    d = cm.predict(sc, gpus["H100-SXM"], target, draft).to_dict()
+    assert d["decision"] == "no-go" and any("cannot split them over 8 GPUs" in r for r in d["reasons"])
