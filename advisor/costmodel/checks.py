@@ -60,17 +60,31 @@ def check_draft(target: ModelSpec, draft: ModelSpec | None, method: str) -> list
     return issues
 
 
+def _heads_do_not_split(model: ModelSpec, gpu_count: int) -> str | None:
+    """Why vLLM cannot shard ``model``'s attention over ``gpu_count`` GPUs, or None: the query heads divide, and the
+    KV heads divide or are replicated a whole number of times (QKVParallelLinear, vllm/model_executor/layers/linear.py)."""
+    q, kv = model.num_attention_heads, model.num_kv_heads or model.num_attention_heads
+    if gpu_count <= 1:
+        return None
+    if q % gpu_count:
+        return f"'{model.name}' has {q} attention heads"
+    if (kv % gpu_count) if gpu_count < kv else (gpu_count % kv):
+        return f"'{model.name}' has {kv} KV heads"
+    return None
+
+
 def check_tensor_parallel(target: ModelSpec, draft: ModelSpec | None, method: str, gpu_count: int) -> list[Issue]:
     """vLLM shards every model's attention heads over the tensor-parallel GPUs and refuses to start where they do not
     divide (vllm/config/model.py, verify_with_parallel_config); a model drafter runs at the target's size
     (vllm/config/speculative.py, _verify_and_get_draft_tp)."""
     issues: list[Issue] = []
-    if gpu_count > 1 and target.num_attention_heads % gpu_count:
-        issues.append(Issue("error", "gpu_count", f"'{target.name}' has {target.num_attention_heads} attention heads: "
-                                                  f"vLLM cannot split them over {gpu_count} GPUs (tensor parallel)"))
-    if (gpu_count > 1 and draft is not None and method not in ("ngram", "suffix")
-            and draft.num_attention_heads % gpu_count):
+    why = _heads_do_not_split(target, gpu_count)
+    if why:
+        issues.append(Issue("error", "gpu_count", f"{why}: vLLM cannot split them over {gpu_count} GPUs "
+                                                  f"(tensor parallel)"))
+    why = _heads_do_not_split(draft, gpu_count) if draft is not None and method not in ("ngram", "suffix") else None
+    if why:
         issues.append(Issue("error", "speculator.draft_model", (
-            f"'{draft.name}' has {draft.num_attention_heads} attention heads: vLLM runs the drafter at the target's "
-            f"tensor-parallel size and cannot split them over {gpu_count} GPUs")))
+            f"{why}: vLLM runs the drafter at the target's tensor-parallel size and cannot split them over "
+            f"{gpu_count} GPUs")))
     return issues

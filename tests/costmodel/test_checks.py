@@ -58,3 +58,17 @@ def test_heads_that_do_not_divide_over_the_gpus_are_errors_and_the_answer_is_no_
                        draft_model=draft.name, num_speculative_tokens=3)
     d = cm.predict(sc, gpus["H100-SXM"], target, draft).to_dict()
     assert d["decision"] == "no-go" and any("cannot split them over 8 GPUs" in r for r in d["reasons"])
+
+
+def test_kv_heads_divide_or_replicate_over_the_gpus(models):
+    """QKVParallelLinear: fewer KV heads than GPUs are replicated a whole number of times, more must divide."""
+    import dataclasses
+
+    target = models["llama-3.1-8b-instruct"]  # 32 query heads, 8 KV heads
+    assert cm.check_tensor_parallel(target, None, "ngram", 8) == []
+    odd = dataclasses.replace(target, name="odd-kv", num_kv_heads=12)  # 32 % 4 == 0 but 12 % 8 != 0 and 8 < 12
+    assert cm.check_tensor_parallel(odd, None, "ngram", 4) == []
+    [issue] = cm.check_tensor_parallel(odd, None, "ngram", 8)
+    assert issue.field == "gpu_count" and "12 KV heads" in issue.message
+    few = dataclasses.replace(target, name="few-kv", num_kv_heads=3)  # 8 GPUs cannot replicate 3 KV heads evenly
+    assert "3 KV heads" in cm.check_tensor_parallel(few, None, "ngram", 8)[0].message
