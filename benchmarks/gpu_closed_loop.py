@@ -74,11 +74,11 @@ def drafter_method(name: str) -> str:
 def engine_cases(drafter: str = DRAFT, dynamic_ks: tuple[int, ...] = ()) -> list[EngineCase]:
     """The measured engines; ``dynamic_ks``: the model drafter also at these k with a dynamic table (``-dynamic``)."""
     cases = [EngineCase("baseline", None)]
-    for method, ks in ((drafter_method(drafter), (3, 5)), ("ngram", (3,))):
+    model = drafter_method(drafter)
+    for method, ks in ((model, (3, 5)), ("ngram", (3,))):
         for k in ks:
             cases.append(EngineCase(f"{method}-k{k}", method, k, ACCEPTANCES))
-    method = drafter_method(drafter)
-    return cases + [EngineCase(f"{method}-k{k}-dynamic", method, k, ACCEPTANCES, dynamic=True) for k in dynamic_ks]
+    return cases + [EngineCase(f"{model}-k{k}-dynamic", model, k, ACCEPTANCES, dynamic=True) for k in dynamic_ks]
 
 
 def set_synthetic_rates(worker, conditional: list[float]) -> bool:

@@ -47,6 +47,11 @@ class Case:
     gpu_memory_utilization: float
     drafter: str = DRAFT  # the catalog's model drafter (draft_model, eagle, eagle3)
 
+    @property
+    def model_drafter(self) -> str | None:
+        """The drafter the case runs (None: n-gram or no speculation)."""
+        return self.drafter if self.method in MODEL_DRAFTER_METHODS.values() else None
+
 
 CASES = (
     Case("ngram-k8-u0.28", "ngram", 8, 0.28),  # ~6 GB of KV: the 8B's 131,072-token window (17 GB) does not fit
@@ -72,7 +77,7 @@ def answer_for(case: Case, gpu_name: str, vram_gb: float) -> dict[str, Any]:
     from .gpu_closed_loop import catalog_specs
 
     gpu, target, draft = catalog_specs(case.drafter, gpu_name, TARGET)
-    draft = draft if case.method in MODEL_DRAFTER_METHODS.values() else None
+    draft = draft if case.model_drafter else None
     method = "ngram" if case.method == "none" else case.method  # (no speculation: the answer's baseline memory)
     scenario = cm.Scenario(gpu=gpu.name, target_model=target.name,
                            speculator=cm.Speculator(method, draft.name if draft else None, max(case.k, 1)),
@@ -168,8 +173,8 @@ def run(workdir: Path, cases: tuple[Case, ...] = CASES, timeout_s: float = 240.0
         log = workdir / f"{case.label}.log"
         default = start(engine_kwargs(case, workdir, None), log, timeout_s)
         flagged = start(engine_kwargs(case, workdir, mml), log, timeout_s) if mml is not None else None
-        drafter = case.drafter if case.method in MODEL_DRAFTER_METHODS.values() else None
-        results.append(CaseResult(case.label, case.gpu_memory_utilization, drafter, answer, default, flagged))
+        results.append(CaseResult(case.label, case.gpu_memory_utilization, case.model_drafter, answer, default,
+                                  flagged))
         print(json.dumps(dataclasses.asdict(results[-1]))[:600], flush=True)
         result = {"gpu": gpu_name, "device": props.name, "total_memory_bytes": props.total_memory,
                   "environment": environment_info(), "target": TARGET,

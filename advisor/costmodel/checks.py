@@ -61,8 +61,9 @@ def check_draft(target: ModelSpec, draft: ModelSpec | None, method: str) -> list
 
 
 def _heads_do_not_split(model: ModelSpec, gpu_count: int) -> str | None:
-    """Why vLLM cannot shard ``model``'s attention over ``gpu_count`` GPUs, or None: the query heads divide, and the
-    KV heads divide or are replicated a whole number of times (QKVParallelLinear, vllm/model_executor/layers/linear.py)."""
+    """Why vLLM cannot shard ``model``'s attention over ``gpu_count`` GPUs, or None: the query heads divide, and
+    the KV heads divide or are replicated a whole number of times (vllm/model_executor/layers/linear.py,
+    QKVParallelLinear)."""
     q, kv = model.num_attention_heads, model.num_kv_heads or model.num_attention_heads
     if gpu_count <= 1:
         return None
@@ -73,10 +74,11 @@ def _heads_do_not_split(model: ModelSpec, gpu_count: int) -> str | None:
     return None
 
 
-def check_tensor_parallel(target: ModelSpec, draft: ModelSpec | None, method: str, gpu_count: int) -> list[Issue]:
+def check_tensor_parallel(target: ModelSpec, gpu_count: int, draft: ModelSpec | None = None,
+                          method: str | None = None) -> list[Issue]:
     """vLLM shards every model's attention heads over the tensor-parallel GPUs and refuses to start where they do not
     divide (vllm/config/model.py, verify_with_parallel_config); a model drafter runs at the target's size
-    (vllm/config/speculative.py, _verify_and_get_draft_tp)."""
+    (vllm/config/speculative.py, _verify_and_get_draft_tp). Without ``draft``: the target alone."""
     issues: list[Issue] = []
     why = _heads_do_not_split(target, gpu_count)
     if why:

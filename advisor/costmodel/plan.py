@@ -139,7 +139,7 @@ def tp_candidates(plan: PlanInput, offer: GpuOffer) -> list[int]:
     if plan.tp_sizes:
         return sorted(set(plan.tp_sizes))
     ctx = plan.prompt_tokens + plan.output_tokens
-    sizes = [tp for tp in TP_SIZES if not check_tensor_parallel(plan.target, None, "ngram", tp)]  # vLLM can shard
+    sizes = [tp for tp in TP_SIZES if not check_tensor_parallel(plan.target, tp)]  # vLLM can shard
     for i, tp in enumerate(sizes):
         mem = memory_report(offer.gpu, plan.target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
                             kv_cache_dtype=plan.kv_cache_dtype)
@@ -310,7 +310,7 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
                         kv_cache_dtype=plan.kv_cache_dtype)
     base_row = _row(plan, offer, tp, "baseline", None)
     why = beyond_context_window(target, ctx) or next(
-        (i.message for i in check_tensor_parallel(target, None, "ngram", tp)), None)
+        (i.message for i in check_tensor_parallel(target, tp)), None)
     if why is not None:
         return [_infeasible(base_row, why), _infeasible(_row(plan, offer, tp, "speculative", None), why)]
     if not mem.fits_baseline:
@@ -335,7 +335,7 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
         if not smem.fits:
             reasons.append(f"{_spec_name(cand)}: drafter + KV do not fit")
             continue
-        unsharded = check_tensor_parallel(target, cand.draft, cand.method, tp)
+        unsharded = check_tensor_parallel(target, tp, cand.draft, cand.method)
         if unsharded:
             reasons.append(f"{_spec_name(cand)}: {unsharded[0].message}")
             continue

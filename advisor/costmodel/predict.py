@@ -603,7 +603,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     s, w = scenario, scenario.workload
     ctx = _context(s, gpu, target, draft, calibration, catalog_sources, profile)
     checks = check_draft(target, draft, s.speculator.method) if s.speculator.method in METHODS else []
-    checks += check_tensor_parallel(target, draft, s.speculator.method, s.gpu_count)
+    checks += check_tensor_parallel(target, s.gpu_count, draft, s.speculator.method)
     setup = _setup(ctx)
     context_tokens = w.prompt_tokens + w.output_tokens
     mem0, res_b, res_s = _capacity(ctx)

@@ -66,7 +66,7 @@ def predict(data: dict[str, Any]) -> Answer:
     gpu, target = catalog.gpu_spec(gpu_row), catalog.model_spec(target_row)
     draft = catalog.model_spec(draft_row) if draft_row is not None else None
     method = scenario.speculator.method
-    for issue in costmodel.check_tensor_parallel(target, draft, method, scenario.gpu_count) + costmodel.check_draft(
+    for issue in costmodel.check_tensor_parallel(target, scenario.gpu_count, draft, method) + costmodel.check_draft(
             target, draft, method):
         if issue.severity == "error":
             raise field_error(issue.field, issue.message)
@@ -92,7 +92,7 @@ def best_speculator(data: dict[str, Any]) -> Answer:
     with every candidate's verdict under ``speculator_choice``. ``data["speculator"]`` is set to the choice, so the
     stored scenario reproduces the answer when sent again."""
     target = catalog.model_spec(catalog.require_model(data["target_model"], "target_model"))
-    for issue in costmodel.check_tensor_parallel(target, None, "ngram", data.get("gpu_count", 1)):
+    for issue in costmodel.check_tensor_parallel(target, data.get("gpu_count", 1)):
         raise field_error(issue.field, issue.message)  # no candidate can run: say why, not "none fits"
     tried: list[tuple[dict[str, Any], Answer]] = []
     for candidate in catalog.speculator_candidates(target):

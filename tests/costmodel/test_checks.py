@@ -48,11 +48,11 @@ def test_heads_that_do_not_divide_over_the_gpus_are_errors_and_the_answer_is_no_
     too (it runs at the target's size); until 2026-12-06 vicuna-7b with vicuna-68m (12 heads) on 8 GPUs got an
     answer with a command vLLM would not start."""
     target, draft = models["vicuna-7b-v1.3"], models["vicuna-68m"]
-    assert cm.check_tensor_parallel(target, draft, "draft_model", 4) == []  # 32 and 12 heads over 4
-    [issue] = cm.check_tensor_parallel(target, draft, "draft_model", 8)
+    assert cm.check_tensor_parallel(target, 4, draft, "draft_model") == []  # 32 and 12 heads over 4
+    [issue] = cm.check_tensor_parallel(target, 8, draft, "draft_model")
     assert issue.severity == "error" and issue.field == "speculator.draft_model" and "12 attention heads" in issue.message
-    assert cm.check_tensor_parallel(target, draft, "ngram", 8) == []  # n-gram has no drafter model
-    [issue] = cm.check_tensor_parallel(models["smollm2-135m-instruct"], None, "ngram", 2)
+    assert cm.check_tensor_parallel(target, 8, draft, "ngram") == []  # n-gram has no drafter model
+    [issue] = cm.check_tensor_parallel(models["smollm2-135m-instruct"], 2)
     assert issue.field == "gpu_count" and "9 attention heads" in issue.message
     sc = make_scenario(gpu="H100-SXM", target_model=target.name, gpu_count=8, method="draft_model",
                        draft_model=draft.name, num_speculative_tokens=3)
@@ -65,10 +65,10 @@ def test_kv_heads_divide_or_replicate_over_the_gpus(models):
     import dataclasses
 
     target = models["llama-3.1-8b-instruct"]  # 32 query heads, 8 KV heads
-    assert cm.check_tensor_parallel(target, None, "ngram", 8) == []
+    assert cm.check_tensor_parallel(target, 8) == []
     odd = dataclasses.replace(target, name="odd-kv", num_kv_heads=12)  # 32 % 4 == 0 but 12 % 8 != 0 and 8 < 12
-    assert cm.check_tensor_parallel(odd, None, "ngram", 4) == []
-    [issue] = cm.check_tensor_parallel(odd, None, "ngram", 8)
+    assert cm.check_tensor_parallel(odd, 4) == []
+    [issue] = cm.check_tensor_parallel(odd, 8)
     assert issue.field == "gpu_count" and "12 KV heads" in issue.message
     few = dataclasses.replace(target, name="few-kv", num_kv_heads=3)  # 8 GPUs cannot replicate 3 KV heads evenly
-    assert "3 KV heads" in cm.check_tensor_parallel(few, None, "ngram", 8)[0].message
+    assert "3 KV heads" in cm.check_tensor_parallel(few, 8)[0].message
