@@ -317,10 +317,7 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
         why = (f"does not fit: {mem.target_weights_gb:.1f} GB of weights + activations leave no KV space for a "
                f"{ctx}-token request on {tp}× {gpu.name} ({mem.usable_gb * tp:.0f} GB usable)")
         return [_infeasible(base_row, why), _infeasible(_row(plan, offer, tp, "speculative", None), why)]
-    cost = forward_cost(gpu, target, plan.weights_dtype, tp, plan.kv_cache_dtype)
-    limits = EngineLimits(kv_capacity_tokens(mem.kv_space_gb_baseline, mem.kv_bytes_per_token_target),
-                          plan.max_num_seqs, plan.max_num_batched_tokens)
-    base = _Mode(StepModel(cost, offer.step, offer.prefill, temperature=plan.temperature), limits, None)
+    base = mode_of(plan, offer, tp)
     rows = [_fill(plan, base_row, base, offer, tp)]
 
     # the speculation config: most output tokens per engine-second at the baseline's operating batch
@@ -339,22 +336,19 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
         if unsharded:
             reasons.append(f"{_spec_name(cand)}: {unsharded[0].message}")
             continue
-        dcost = forward_cost(gpu, cand.draft, "bf16", tp, plan.kv_cache_dtype) if cand.draft is not None else None
-        steps = offer.speculative_steps(target, cand.draft, cand.method)
-        smodel = StepModel(cost, steps.target_step, offer.prefill, dcost, steps.draft_step, plan.temperature)
-        slimits = replace(limits, kv_capacity_tokens=kv_capacity_tokens(
-            smem.kv_space_gb, smem.kv_bytes_per_token_target, smem.kv_bytes_per_token_draft))
+        engine = mode_of(plan, offer, tp, cand)
         for k in ([kmax] if kmax else range(1, MAX_K + 1)):
-            spec = _spec_decode(cand, k, plan.temperature)
-            gain = tokens_per_engine_second(smodel, spec, op_batch, mean_ctx) / base_tps
+            mode = replace(engine, spec=_spec_decode(cand, k, plan.temperature), cache={})
+            gain = tokens_per_engine_second(mode.model, mode.spec, op_batch, mean_ctx) / base_tps
             if gain > chosen_gain:
-                chosen, chosen_gain = (cand, _Mode(smodel, slimits, spec), steps.spec_source or steps.source), gain
+                chosen, chosen_gain = (cand, mode), gain
     spec_row = _row(plan, offer, tp, "speculative", None)
     if chosen is None:
         rows.append(_infeasible(spec_row, "; ".join(reasons) or "no speculator applies to this target"))
         return rows
-    cand, mode, timing = chosen
-    spec_row["sources"]["step_time"] = timing
+    cand, mode = chosen
+    steps = offer.speculative_steps(target, cand.draft, cand.method)
+    spec_row["sources"]["step_time"] = steps.spec_source or steps.source
     spec_row["speculator"] = {"method": cand.method, "draft_model": cand.draft.name if cand.draft else None,
                               "num_speculative_tokens": mode.spec.k,
                               "mean_acceptance_length": float(mode.spec.tokens_pmf() @ np.arange(1, mode.spec.k + 2)),
@@ -362,6 +356,31 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
                               "decode_gain_at_operating_batch": chosen_gain, "acceptance_source": cand.acceptance_source}
     rows.append(_fill(plan, spec_row, mode, offer, tp))
     return rows
+
+
+def mode_of(plan: PlanInput, offer: GpuOffer, tp: int, cand: SpeculatorCandidate | None = None,
+            k: int | None = None) -> _Mode:
+    """One replica's engine as the planner simulates it: the offer's step clock and the KV cache the memory model
+    leaves at the plan's context; with ``cand``, its drafter's steps and KV share, speculating ``k`` drafts (None:
+    the engine without its SpecDecode, for the k search)."""
+    gpu, target = offer.gpu, plan.target
+    ctx = plan.prompt_tokens + plan.output_tokens
+    cost = forward_cost(gpu, target, plan.weights_dtype, tp, plan.kv_cache_dtype)
+    if cand is None:
+        mem = memory_report(gpu, target, None, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
+                            kv_cache_dtype=plan.kv_cache_dtype)
+        limits = EngineLimits(kv_capacity_tokens(mem.kv_space_gb_baseline, mem.kv_bytes_per_token_target),
+                              plan.max_num_seqs, plan.max_num_batched_tokens)
+        return _Mode(StepModel(cost, offer.step, offer.prefill, temperature=plan.temperature), limits, None)
+    smem = memory_report(gpu, target, cand.draft, 1, ctx, plan.weights_dtype, tp, plan.gpu_memory_utilization,
+                         None, cand.num_speculative_tokens or MAX_K, plan.kv_cache_dtype)
+    dcost = forward_cost(gpu, cand.draft, "bf16", tp, plan.kv_cache_dtype) if cand.draft is not None else None
+    steps = offer.speculative_steps(target, cand.draft, cand.method)
+    smodel = StepModel(cost, steps.target_step, offer.prefill, dcost, steps.draft_step, plan.temperature)
+    limits = EngineLimits(kv_capacity_tokens(smem.kv_space_gb, smem.kv_bytes_per_token_target,
+                                             smem.kv_bytes_per_token_draft), plan.max_num_seqs,
+                          plan.max_num_batched_tokens)
+    return _Mode(smodel, limits, _spec_decode(cand, k, plan.temperature) if k else None)
 
 
 def _spec_name(cand: SpeculatorCandidate) -> str:
