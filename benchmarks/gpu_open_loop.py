@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +244,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="arrival rate of the overload phase: above what one server sustains")
     parser.add_argument("--overload-requests", type=int, default=OVERLOAD_REQUESTS)
     parser.add_argument("--rate-requests", type=int, default=RATE_REQUESTS)
-    parser.add_argument("--gpu", default="H100-SXM", help="analyze: the catalog GPU (default: the run's)")
+    parser.add_argument("--output", "-o", default=None, help="analyze: write the results as JSON here")
     parser.add_argument("--model", default=None, help="measure: a real checkpoint instead of the shapes (smoke test)")
     parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)
 
@@ -326,16 +326,131 @@ def product_readings(engine: Engine, gpu: str, prompt_tokens: int, output_tokens
             "kv_capacity_tokens": mode.limits.kv_capacity_tokens, "plan": plan, "mode": mode}
 
 
+SIM_REPLICATES = 8  # speculative runs: simulations of the same arrivals with their own acceptance draws, pooled
+METRICS = (("ttft", 50.0), ("ttft", 90.0), ("tpot", 50.0), ("tpot", 90.0))
+
+
+def load_rows(workdir: Path) -> list[dict]:
+    path = workdir / "open-loop.jsonl"
+    if not path.exists():
+        path = workdir / "open-loop.jsonl.gz"
+    import gzip
+
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+def measured_draft_fraction(row: dict) -> float | None:
+    """Share of a sequence's decode steps that drafted, from vLLM's counters: a sequence-step yields 1 + its
+    accepted drafts, and each request's first token comes from its prefill."""
+    c = row["counters"]
+    steps = c.get("vllm:generation_tokens", 0.0) - c.get("vllm:spec_decode_num_accepted_tokens", 0.0) \
+        - len(row["requests"])
+    return c["vllm:spec_decode_num_drafts"] / steps if steps > 0 and "vllm:spec_decode_num_drafts" in c else None
+
+
+def measured_ms(requests: list[dict]) -> dict[str, float]:
+    import numpy as np
+
+    ttft = [r["first_token_s"] - r["arrival_s"] for r in requests]
+    tpot = [(r["done_s"] - r["first_token_s"]) / (r["output_tokens"] - 1) for r in requests if r["output_tokens"] > 1]
+    data = {"ttft": ttft, "tpot": tpot}
+    return {f"{m}_p{q:g}": float(np.percentile(data[m], q)) * 1e3 for m, q in METRICS}
+
+
+def simulated(requests: list[dict], mode, replicates: int = SIM_REPLICATES):  # noqa: ANN001
+    """The planner's simulation of one measured run: its arrivals and token counts, the mode's engine."""
+    from advisor.costmodel.simulate import Traffic, pooled, simulate
+
+    order = sorted(requests, key=lambda r: r["arrival_s"])
+    traffic = Traffic(prompt_tokens=[r["prompt_tokens"] for r in order],
+                      output_tokens=[max(r["output_tokens"], 1) for r in order],
+                      arrival_s=[r["arrival_s"] for r in order], seed=1)
+    runs = [simulate(mode.model, mode.limits, replace(traffic, seed=seed), mode.spec)
+            for seed in range(1, 1 + (replicates if mode.spec is not None else 1))]
+    return runs, order
+
+
+def simulated_requests(run, order: list[dict]) -> list[dict]:  # noqa: ANN001
+    """One simulation's requests in the measured form (arrival, first token, finish), for :func:`sustained_rps`."""
+    return [{"arrival_s": r["arrival_s"], "first_token_s": r["arrival_s"] + float(t),
+             "done_s": r["arrival_s"] + float(lat)} for r, t, lat in zip(order, run.ttft_s, run.latency_s)]
+
+
+@dataclass
+class EngineResult:
+    engine: str
+    measured_sustained_rps: float | None
+    simulated_sustained_rps: float | None  # the planner's simulation of the overload run, read the same way
+    planner_capacity_rps: float
+    predict_sustained_rps: float
+    kv_cache_tokens: int
+    kv_cache_tokens_model: float
+    draft_fraction: float | None
+    rates: list[dict]
+
+
+def analyze_engine(rows: list[dict], gpu: str) -> EngineResult:
+    from advisor.costmodel.simulate import pooled
+
+    first = rows[0]
+    engine = Engine(first["engine"], first["method"], first["k"], first["drafter"])
+    over = next(r for r in rows if r["phase"] == "overload")
+    f = measured_draft_fraction(over) if engine.method == "ngram" else None
+    got = product_readings(engine, gpu, first["prompt_tokens"], first["output_tokens"], f)
+    mode = got["mode"]
+    runs, order = simulated(over["requests"], mode)
+    sims = [x for x in (sustained_rps(simulated_requests(run, order)) for run in runs) if x]
+    rates = []
+    for row in rows:
+        if row["phase"] == "overload":
+            continue
+        sim = pooled(simulated(row["requests"], mode)[0])
+        meas = measured_ms(row["requests"])
+        simv = {f"{m}_p{q:g}": sim.percentile_ms(m, q) for m, q in METRICS}
+        rates.append({"phase": row["phase"], "rate_rps": row["rate_rps"], "measured_ms": meas, "simulated_ms": simv,
+                      "errors": {key: simv[key] / meas[key] - 1 for key in meas}})
+    return EngineResult(engine.label, over.get("sustained_rps"), statistics.median(sims) if sims else None,
+                        got["planner_capacity_rps"], got["predict_sustained_rps"], first["kv_cache_tokens"],
+                        got["kv_capacity_tokens"], f, rates)
+
+
+def format_results(results: list[EngineResult]) -> str:
+    def pct(a: float | None, b: float | None) -> str:
+        return f"{(a / b - 1) * 100:+.1f} %" if a and b else "-"
+
+    lines = ["| engine | measured req/s | planner's capacity | its simulation | predict's sustained rate |",
+             "|---|--:|--:|--:|--:|"]
+    for r in results:
+        m = r.measured_sustained_rps
+        lines.append(f"| {r.engine} | {m or float('nan'):.2f} | {r.planner_capacity_rps:.2f} "
+                     f"({pct(r.planner_capacity_rps, m)}) | {r.simulated_sustained_rps or float('nan'):.2f} "
+                     f"({pct(r.simulated_sustained_rps, m)}) | {r.predict_sustained_rps:.2f} "
+                     f"({pct(r.predict_sustained_rps, m)}) |")
+    lines += ["", "| engine | rate | " + " | ".join(f"{m} p{q:g} ms: measured / simulated" for m, q in METRICS) + " |",
+              "|---|--:|" + "--:|" * len(METRICS)]
+    for r in results:
+        for x in r.rates:
+            cells = [f"{x['measured_ms'][k]:.0f} / {x['simulated_ms'][k]:.0f} ({x['errors'][k] * 100:+.0f} %)"
+                     for k in x["measured_ms"]]
+            lines.append(f"| {r.engine} | {x['phase']} ({x['rate_rps']:.1f} req/s) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def analyze(args: argparse.Namespace) -> int:
     from advisor import create_app
+    from benchmarks.gpu_closed_loop import catalog_gpu
 
+    rows = load_rows(Path(args.workdir))
     app = create_app({"SQLALCHEMY_DATABASE_URI": "sqlite://", "REDIS_URL": ""})
+    results = []
     with app.app_context():
-        for e in engines(args.drafter):
-            r = product_readings(e, args.gpu, args.prompt_tokens, args.output_tokens,
-                                 0.97 if e.method == "ngram" else None)
-            print(f"{e.label}: planner {r['planner_capacity_rps']:.2f} req/s, predict {r['predict_sustained_rps']:.2f}"
-                  f" req/s, KV {r['kv_capacity_tokens']:.0f} tokens")
+        for label in dict.fromkeys(r["engine"] for r in rows):
+            mine = [r for r in rows if r["engine"] == label]
+            results.append(analyze_engine(mine, catalog_gpu(mine[0].get("gpu_name"))))
+    print(format_results(results))
+    if args.output:
+        Path(args.output).write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     return 0
 
 
