@@ -79,6 +79,17 @@ def engines(drafter: str = DRAFTER) -> list[Engine]:
             Engine(f"ngram-k{K}", "ngram", K)]
 
 
+def max_model_len(prompt_tokens: int, output_tokens: int) -> int:
+    """Room for a whole request and its drafts. (With 4,096 for 4,000 + 200 tokens the first lease's engine took
+    the overload's requests and finished none of them in eight minutes.)"""
+    return 256 * math.ceil((prompt_tokens + output_tokens + 64) / 256)
+
+
+def phase_timeout_s(requests: int, rate_rps: float) -> float:
+    """The longest a phase may take: its arrivals, then two minutes; past that the run is stuck, not slow."""
+    return requests / rate_rps + 120.0
+
+
 def poisson_arrivals(n: int, rate: float, rng: random.Random) -> list[float]:
     t, out = 0.0, []
     for _ in range(n):
@@ -158,8 +169,8 @@ async def _measure_engine(engine: Engine, args: argparse.Namespace, out: Path) -
     spec = engine.speculative_config(draft if engine.drafter else None)
     t0 = time.perf_counter()
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=target, load_format="auto" if args.model else "dummy", skip_tokenizer_init=True, max_model_len=4096,
-        seed=0,
+        model=target, load_format="auto" if args.model else "dummy", skip_tokenizer_init=True,
+        max_model_len=max_model_len(args.prompt_tokens, args.output_tokens), seed=0,
         max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION, disable_log_stats=False, speculative_config=spec))
     startup_s = time.perf_counter() - t0
@@ -184,8 +195,9 @@ async def _measure_engine(engine: Engine, args: argparse.Namespace, out: Path) -
                 rate = float(name[:-1]) * capacity
             before = _counters()
             c0 = time.perf_counter()
-            reqs = await _phase(llm, name, poisson_arrivals(n, rate, rng), _prompts(n, args.prompt_tokens, rng, copy),
-                                args.output_tokens)
+            reqs = await asyncio.wait_for(
+                _phase(llm, name, poisson_arrivals(n, rate, rng), _prompts(n, args.prompt_tokens, rng, copy),
+                       args.output_tokens), phase_timeout_s(n, rate))
             wall = time.perf_counter() - c0
             after = _counters()
             row = {**info, "phase": name, "rate_rps": rate, "wall_s": round(wall, 2), "requests": reqs,

@@ -131,6 +131,10 @@ class Context:
     # the measured profile of the GPU × the scenario's vLLM version, whether or not it timed this answer (the
     # compared methods' engines are timed by the same rule: engine_steps)
     version_profile: MeasuredEngineProfile | None = None
+    # requests admitted one by one, apart (speculation.CycleSetup.staggered): an arrival rate, or more clients than
+    # either server holds (a full server with a queue); a stated concurrency within the caps is a batch that starts
+    # together, as the closed loops measure it
+    staggered: bool = False
 
 
 def step_params(gpu: GpuSpec, model: ModelSpec | None, engine: str, calibration: Calibration | None,
@@ -429,7 +433,8 @@ def _setup(ctx: Context, method: str | None = None, draft: ModelSpec | None = No
     if steps is None:
         steps = EngineSteps(ctx.target_step, ctx.draft_step, ctx.target_prefill, ctx.draft_prefill, ctx.step_source)
     return CycleSetup(method, tc, dc, steps.target_step, steps.draft_step, steps.target_prefill, steps.draft_prefill,
-                      s.workload.prompt_tokens, s.workload.output_tokens, width, temperature=s.workload.temperature)
+                      s.workload.prompt_tokens, s.workload.output_tokens, width, temperature=s.workload.temperature,
+                      staggered=ctx.staggered)
 
 
 def _k_max(ctx: Context) -> int:
@@ -604,11 +609,12 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     ctx = _context(s, gpu, target, draft, calibration, catalog_sources, profile)
     checks = check_draft(target, draft, s.speculator.method) if s.speculator.method in METHODS else []
     checks += check_tensor_parallel(target, s.gpu_count, draft, s.speculator.method)
-    setup = _setup(ctx)
     context_tokens = w.prompt_tokens + w.output_tokens
     mem0, res_b, res_s = _capacity(ctx)
     if mem0.max_concurrency_baseline < 1 or mem0.max_concurrency_speculative < 1:
         return _prediction(_infeasible(ctx, mem0, checks))
+    ctx = _with_admissions(ctx, res_b, res_s)
+    setup = _setup(ctx)
 
     # Concurrency: given (clients; those beyond the resident cap queue), or Little's law on a dense grid.
     saturated = False
@@ -681,6 +687,13 @@ def _workload_point(batch: np.ndarray, ib: int, isp: int, saturated: bool, res_b
     if not saturated:
         return WorkloadPoint(ib, isp, 1.0)
     return WorkloadPoint(int(np.searchsorted(batch, res_b)), int(np.searchsorted(batch, res_s)), res_s / res_b)
+
+
+def _with_admissions(ctx: Context, res_b: float, res_s: float) -> Context:
+    """``ctx`` with how its requests are admitted (Context.staggered), given the servers' resident caps."""
+    w = ctx.scenario.workload
+    staggered = w.requests_per_second is not None or (w.concurrency is not None and w.concurrency > max(res_b, res_s))
+    return dataclasses.replace(ctx, staggered=staggered) if staggered else ctx
 
 
 def _capacity(ctx: Context) -> tuple[MemoryReport, float, float]:
@@ -795,7 +808,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
     tpot_b, tpot_s = tpot_base_l[ib] * ms, tpot_spec_k[isp] * ms
     ttft_b, ttft_s = float(grid.ttft_base_s[0, 0, 0]) * ms, float(grid.ttft_spec_s[0, 0, 0]) * ms
     pre_b = ttft_b + float(grid.prefill_interleave_base_s[0, ib, 0]) * ms
-    pre_s = ttft_s + float(grid.prefill_interleave_spec_s[0, isp, 0]) * ms
+    pre_s = ttft_s + float(grid.prefill_interleave_spec_s[0, isp, ki]) * ms
     lat_b, lat_s = lat_base_l[ib] * ms, lat_spec_k[isp] * ms
     # queueing (queued()): L(C) = L(B)·C/B, so the wait is L(C)·(1 − B/C)
     wait_b = lat_b * (1.0 - min(conc_base, res_b) / conc_base)
@@ -1167,6 +1180,7 @@ def speedup_point(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: Mo
     mem, res_b, res_s = _capacity(ctx)
     if mem.max_concurrency_baseline < 1 or mem.max_concurrency_speculative < 1:
         raise CostModelError("gpu_count", "the target (or target + drafter) does not fit: no deployment to compare")
+    ctx = _with_admissions(ctx, res_b, res_s)
     c = float(scenario.workload.concurrency)
     batch = np.array(sorted({c} | {x for x in (res_b, res_s) if x < c}))
     grid = queued(_grid(ctx, _setup(ctx), ctx.acceptance, batch, 1), res_b, res_s)  # as predict(): queueing

@@ -18,9 +18,9 @@ import numpy as np
 from scipy.special import ndtr
 
 from .acceptance import cholesky_factor
-from .memory import EMBEDDING_BYTES_PER_PARAM
-from .steptime import (ForwardCost, draft_sampling_s, forward_time_s, prefill_compute_s, prefill_time_s,
-                       rejection_sampling_s)
+from .memory import EMBEDDING_BYTES_PER_PARAM, MAX_NUM_BATCHED_TOKENS
+from .steptime import (ForwardCost, draft_sampling_s, forward_time_s, prefill_compute_s, prefill_interleave_s,
+                       prefill_time_s, rejection_sampling_s)
 from .types import PrefillParams, StepTimeParams
 
 MODEL_DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
@@ -45,6 +45,10 @@ class CycleSetup:
     output_tokens: int
     tree_width: float = 1.0  # tokens per sequence per draft level (1 = chain; tree: (verify tokens − 1) / depth)
     temperature: float = 0.0  # sampling temperature: rejection / draft sampling costs at T > 0
+    # requests arrive apart (an arrival rate: a server's queue admits them one by one), so the others' prompts ride in
+    # this request's decode steps (steptime.prefill_interleave_s); False: a batch of requests that start together
+    # (a stated concurrency, as the closed loops measure it), whose prompts are prefilled before the decode
+    staggered: bool = False
 
     @property
     def decode_context_tokens(self) -> float:
@@ -143,7 +147,7 @@ class Grid:
     ttft_base_s: np.ndarray  # (S, 1, 1)
     ttft_spec_s: np.ndarray  # (S, 1, 1)
     prefill_interleave_base_s: np.ndarray  # (S, nB, 1)
-    prefill_interleave_spec_s: np.ndarray  # (S, nB, 1)
+    prefill_interleave_spec_s: np.ndarray  # (S, nB, K)
     latency_base_s: np.ndarray  # (S, nB, 1)
     latency_spec_s: np.ndarray  # (S, nB, nK)
     per_position: np.ndarray | None = None  # (S, K_max) the r_i the grid was evaluated with
@@ -200,16 +204,17 @@ def _rows(x, rows: int) -> np.ndarray:
     return x if x.shape == (rows, 1, 1) else np.broadcast_to(x, (rows, 1, 1))
 
 
-def _spec_prefill(setup: CycleSetup, ttft_base, inter_base, b: np.ndarray, samples: StepSamples):
-    """Own TTFT and the others' interleaved prefills with speculation: a drafter model prefills the prompt too."""
+def _spec_prefill(setup: CycleSetup, ttft_base, inter_target, b: np.ndarray, samples: StepSamples):
+    """Own TTFT and the others' interleaved prefills with speculation (``inter_target``: the target's, riding in the
+    verify steps): a drafter model prefills the prompt too."""
     if setup.method in MODEL_DRAFTERS and setup.draft is not None and setup.output_tokens > 1:
         # (one output token: the request ends at prefill, the drafter never proposes for it)
         p = setup.prompt_tokens
         ttft_spec = ttft_base + prefill_time_s(setup.draft, setup.draft_prefill, setup.draft_step, p) \
             - setup.draft_prefill.fixed_overhead_s  # same engine step: one fixed overhead
-        inter_spec = inter_base + (b - 1.0) * prefill_compute_s(setup.draft, p, samples.eta_f)
+        inter_spec = inter_target + (b - 1.0) * prefill_compute_s(setup.draft, p, samples.eta_f)
         return ttft_spec, inter_spec
-    return ttft_base, inter_base
+    return ttft_base, inter_target
 
 
 def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_position: np.ndarray,
@@ -247,19 +252,31 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
     np.add(1.0, f * k * width, out=q[:, :, 1:])
     fwd = forward_time_s(setup.target, ts, b, q, ctx, eta_bw=samples.eta_bw, eta_f=samples.eta_f)
     step_base = _scaled(samples.fixed_s + fwd[:, :, :1], samples.base_scale)
-    # Prefill: own TTFT, plus the others' prompts interleaved into this request's decode (compute only).
+    # Prefill: own TTFT, plus the others' prompts. A batch that starts together prefills them before its decode
+    # (compute only). Requests that arrive apart have them ride in this request's decode steps (baseline) or verify
+    # steps (speculation: fewer steps, each carrying more), priced under the steps' roofline.
     p = setup.prompt_tokens
     prefill_eta_f = setup.target_prefill.compute_efficiency * samples.eta_f / ts.compute_efficiency
     ttft_base = prefill_time_s(setup.target, setup.target_prefill, ts, p, eta_f=prefill_eta_f)
-    inter_base = (b - 1.0) * prefill_compute_s(setup.target, p, samples.eta_f)
+    decode_tokens = setup.output_tokens - 1  # the first output token comes from prefill
+    if setup.staggered and decode_tokens > 0:
+        chunk_s = max(setup.target_prefill.fixed_overhead_s - ts.fixed_overhead_s, 0.0)  # a step carrying a chunk
+        inter_base = prefill_interleave_s(setup.target, ts, b, 1.0, ctx, decode_tokens, p, samples.eta_bw,
+                                          samples.eta_f, prefill_eta_f, chunk_s, MAX_NUM_BATCHED_TOKENS)
+        inter_target = prefill_interleave_s(setup.target, ts, b, q[:, :, 1:], ctx, decode_tokens / tokens, p,
+                                            samples.eta_bw, samples.eta_f, prefill_eta_f, chunk_s,
+                                            MAX_NUM_BATCHED_TOKENS)  # (rows, nB, nK)
+    else:
+        inter_base = (b - 1.0) * prefill_compute_s(setup.target, p, samples.eta_f)
+        inter_target = np.broadcast_to(inter_base, (rows, nb, nk))
     if drafters is None:
         draft = drafter_time_s(setup, b, k, ctx, samples, f)
-        ttft_spec, inter_spec = _spec_prefill(setup, ttft_base, inter_base, b, samples)
+        ttft_spec, inter_spec = _spec_prefill(setup, ttft_base, inter_target, b, samples)
     else:  # one row per method: the drafter terms row by row, the target terms vectorised over rows
-        draft, ttft_spec, inter_spec = np.empty((rows, nb, nk)), np.empty((rows, 1, 1)), np.empty((rows, nb, 1))
+        draft, ttft_spec, inter_spec = np.empty((rows, nb, nk)), np.empty((rows, 1, 1)), np.empty((rows, nb, nk))
         for i, d in enumerate(drafters):  # row assignment broadcasts each row's (1, ·, ·) result
             draft[i] = drafter_time_s(d, b, k, ctx, samples, f[i:i + 1])[0]
-            ttft_spec[i], inter_spec[i] = _spec_prefill(d, ttft_base, inter_base, b, samples)
+            ttft_spec[i], inter_spec[i] = _spec_prefill(d, ttft_base, inter_target[i:i + 1], b, samples)
     verify = ts.verify_overhead_s * samples.verify_scale + fwd[:, :, 1:]
     if ts.rejection_sampling_s_per_seq or ts.rejection_sampling_s_per_draft:  # + sampling at T > 0: per sequence
         verify = verify + rejection_sampling_s(ts, b, b * f * k * width, setup.temperature)  # and per draft position
@@ -274,7 +291,6 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
     tpot_base = step_base
     tpot_spec = cycle / tokens
 
-    decode_tokens = setup.output_tokens - 1  # the first output token comes from prefill
     latency_base = ttft_base + inter_base + decode_tokens * tpot_base
     latency_spec = ttft_spec + inter_spec + decode_tokens * tpot_spec
     return Grid(batch=batch, ks=np.asarray(ks), al=al, tokens_per_cycle=tokens, step_base_s=step_base,
