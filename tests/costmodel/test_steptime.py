@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 
 from advisor import costmodel as cm
 from advisor.costmodel.speculation import StepSamples
+from advisor.costmodel.steptime import forward_cost, prefill_compute_s, prefill_interleave_s, tp_allreduce_s
 
 H200_RATIOS = {1: 1.08, 16: 1.14, 64: 2.04, 256: 3.26}  # verify of 6 tokens / decode step, design.md §1
 H200_TOLERANCE = 0.08  # stated tolerance (relative), at an assumed mean context of 1024 tokens
@@ -123,3 +125,47 @@ def test_a_step_in_which_not_every_sequence_drafts_costs_at_least_the_ragged_flo
     host = uniform - 8 * (10e-6 + plain.per_sequence_overhead_s)  # the cycle less its per-sequence host terms
     assert ragged == pytest.approx(uniform + (1 - 0.5 ** 8) * (0.05 - host), rel=1e-9)
     assert cycle_s(uniform / 2, 0.5, 8) == uniform  # a floor below the uniform price changes nothing
+
+
+@pytest.mark.parametrize("gpu,model,prompt", [("H100-SXM", "llama-3.1-8b-instruct", 1000),
+                                              ("H100-SXM", "llama-3-70b-instruct", 1024),
+                                              ("H200-SXM", "qwen3-32b", 32_000)])
+def test_prompts_riding_in_decode_steps_cost_between_nothing_and_their_compute(gpus, models, gpu, model, prompt):
+    """The others' prompts in a request's decode steps (steptime.prefill_interleave_s) cost more than nothing and at
+    most their own compute (and all-reduces) plus a prefill step's overhead per step that carries a chunk: the
+    roofline can only hide them under the decode's weight read. More of them cost more. One whole prompt beside a
+    small batch costs most of its compute (the step is compute-bound; it hides one decode step's weight read)."""
+    g, m = gpus[gpu], models[model]
+    cost = forward_cost(g, m, "bf16", 4 if "70b" in model else 1)
+    step = cm.default_step_time_params(g)
+    eta_pre = 0.67
+    overhead = 4e-3
+
+    def rides(batch: float, steps: float = 299.0) -> float:
+        return float(prefill_interleave_s(cost, step, batch, 1.0, prompt + 150, steps, prompt,
+                                             step.bandwidth_efficiency, step.compute_efficiency, eta_pre, overhead))
+
+    def compute(batch: float) -> float:  # the prompts' FLOPs, and their all-reduces across tensor-parallel GPUs
+        tokens = (batch - 1.0) * prompt
+        return tokens / prompt * float(prefill_compute_s(cost, prompt, eta_pre)) \
+            + float(tp_allreduce_s(cost, tokens + 1.0) - tp_allreduce_s(cost, 1.0))
+
+    chunks = math.ceil(prompt / (8192 - 1))
+    assert rides(1.0) == 0.0
+    assert 0.75 * compute(2.0) < rides(2.0) <= compute(2.0) + chunks * overhead + 1e-9
+    for b in (4.0, 16.0, 64.0, 256.0):
+        assert 0.0 < rides(b / 2) < rides(b) <= compute(b) + min(299.0, (b - 1) * chunks) * overhead + 1e-9
+
+
+def test_a_stated_concurrency_within_the_caps_keeps_the_batch_start_pricing(gpus, models, make_scenario):
+    """A batch that starts together (the closed loops' measurement) prefills its prompts before it decodes; requests
+    arriving apart at the rate that puts as many in flight have them ride in their decode steps, which a memory-bound
+    8B decode partly hides: the same concurrency reads a shorter baseline latency at the arrival rate."""
+    target, head = models["llama-3.1-8b-instruct"], models["eagle-llama-3.1-8b"]
+    closed = cm.predict(make_scenario(prompt_tokens=1000, output_tokens=300, concurrency=64), gpus["H100-SXM"],
+                        target, head).to_dict()
+    lat_s = closed["latency_ms"]["baseline"]["total"] / 1e3
+    opened = cm.predict(make_scenario(prompt_tokens=1000, output_tokens=300, concurrency=None,
+                                      requests_per_second=64 / lat_s), gpus["H100-SXM"], target, head).to_dict()
+    assert closed["concurrency"]["baseline"] == 64 and opened["concurrency"]["baseline"] < 64
+    assert opened["latency_ms"]["baseline"]["prefill"] < closed["latency_ms"]["baseline"]["prefill"]
