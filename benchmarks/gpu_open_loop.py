@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.gpu_closed_loop import TARGET, catalog_row, drafter_method, shapes  # noqa: E402
+from benchmarks.gpu_closed_loop import TARGET, drafter_method, shapes  # noqa: E402
 
 DRAFTER = "eagle3-llama-3.1-8b"
 PROMPT_TOKENS = 1000
@@ -372,7 +372,7 @@ def measured_ms(requests: list[dict]) -> dict[str, float]:
 
 def simulated(requests: list[dict], mode, replicates: int = SIM_REPLICATES):  # noqa: ANN001
     """The planner's simulation of one measured run: its arrivals and token counts, the mode's engine."""
-    from advisor.costmodel.simulate import Traffic, pooled, simulate
+    from advisor.costmodel.simulate import Traffic, simulate
 
     order = sorted(requests, key=lambda r: r["arrival_s"])
     traffic = Traffic(prompt_tokens=[r["prompt_tokens"] for r in order],
