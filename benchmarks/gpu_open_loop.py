@@ -316,6 +316,16 @@ def scenario_request(body: dict[str, Any], rate: float) -> dict[str, Any]:
     return ScenarioSchema().load(req)
 
 
+def predicted_latency_ms(engine: Engine, gpu: str, prompt_tokens: int, output_tokens: int, rate_rps: float,
+                         draft_fraction: float | None = None) -> float:
+    """``predict``'s mean request latency for this engine at an arrival rate (its fluid model: Little's law)."""
+    from advisor.services import recommendations
+
+    body = _body(engine, gpu, rate_rps, prompt_tokens, output_tokens, draft_fraction)
+    answer = recommendations.predict(scenario_request(body, rate_rps))[0]
+    return float(answer["latency_ms"]["speculative" if engine.method else "baseline"]["total"])
+
+
 def product_readings(engine: Engine, gpu: str, prompt_tokens: int, output_tokens: int,
                      draft_fraction: float | None = None) -> dict[str, Any]:
     """What the product says one server of this engine sustains: the planner's steady-state capacity, and the rate
@@ -420,8 +430,11 @@ def analyze_engine(rows: list[dict], gpu: str) -> EngineResult:
         sim = pooled(simulated(row["requests"], mode)[0])
         meas = measured_ms(row["requests"])
         simv = {f"{m}_p{q:g}": sim.percentile_ms(m, q) for m, q in METRICS}
+        mean_ms = statistics.mean(r["done_s"] - r["arrival_s"] for r in row["requests"]) * 1e3
         rates.append({"phase": row["phase"], "rate_rps": row["rate_rps"], "measured_ms": meas, "simulated_ms": simv,
-                      "errors": {key: simv[key] / meas[key] - 1 for key in meas}})
+                      "errors": {key: simv[key] / meas[key] - 1 for key in meas},
+                      "mean_latency_ms": {"measured": mean_ms, "predict": predicted_latency_ms(
+                          engine, gpu, first["prompt_tokens"], first["output_tokens"], row["rate_rps"], f)}})
     return EngineResult(engine.label, over.get("sustained_rps"), statistics.median(sims) if sims else None,
                         got["planner_capacity_rps"], got["predict_sustained_rps"], first["kv_cache_tokens"],
                         got["kv_capacity_tokens"], f, rates)
@@ -439,12 +452,14 @@ def format_results(results: list[EngineResult]) -> str:
                      f"({pct(r.planner_capacity_rps, m)}) | {r.simulated_sustained_rps or float('nan'):.2f} "
                      f"({pct(r.simulated_sustained_rps, m)}) | {r.predict_sustained_rps:.2f} "
                      f"({pct(r.predict_sustained_rps, m)}) |")
-    lines += ["", "| engine | rate | " + " | ".join(f"{m} p{q:g} ms: measured / simulated" for m, q in METRICS) + " |",
-              "|---|--:|" + "--:|" * len(METRICS)]
+    lines += ["", "| engine | rate | " + " | ".join(f"{m} p{q:g} ms: measured / simulated" for m, q in METRICS)
+              + " | mean latency ms: measured / predict |", "|---|--:|" + "--:|" * (len(METRICS) + 1)]
     for r in results:
         for x in r.rates:
             cells = [f"{x['measured_ms'][k]:.0f} / {x['simulated_ms'][k]:.0f} ({x['errors'][k] * 100:+.0f} %)"
                      for k in x["measured_ms"]]
+            lat = x["mean_latency_ms"]
+            cells.append(f"{lat['measured']:.0f} / {lat['predict']:.0f} ({pct(lat['predict'], lat['measured'])})")
             lines.append(f"| {r.engine} | {x['phase']} ({x['rate_rps']:.1f} req/s) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
