@@ -334,8 +334,8 @@ def prefill_interleave_s(cost: ForwardCost, params: StepTimeParams, batch, query
     tokens = b * np.asarray(query_tokens, dtype=float)
     n = np.maximum(np.asarray(steps, dtype=float), 1.0)
     chunks = (b - 1.0) * np.ceil(p / np.maximum(token_budget - tokens, 1.0))  # the others' prompts in chunks
-    carrying = np.minimum(n, chunks)  # steps that carry one
-    chunk = (b - 1.0) * p / np.maximum(carrying, 1.0)  # prompt tokens in each
+    carrying = np.minimum(n, chunks)  # steps that carry one (a fraction of one: a prompt that arrives by chance)
+    chunk = (b - 1.0) * p / np.maximum(carrying, 1e-12)  # prompt tokens in each (a whole chunk, not a share)
     kv_s = b * _scalar_or_array(context_tokens) * cost.kv_bytes_per_ctx_token
     bw = cost.bandwidth_bytes_per_s * eta_bw
     mem_plain = (weight_bytes_read(cost, tokens) + kv_s) / bw

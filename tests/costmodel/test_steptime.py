@@ -152,6 +152,7 @@ def test_prompts_riding_in_decode_steps_cost_between_nothing_and_their_compute(g
 
     chunks = math.ceil(prompt / (8192 - 1))
     assert rides(1.0) == 0.0
+    assert rides(1.5) == pytest.approx(0.5 * rides(2.0), rel=0.1)  # half the time a whole prompt, not half a prompt
     assert 0.75 * compute(2.0) < rides(2.0) <= compute(2.0) + chunks * overhead + 1e-9
     for b in (4.0, 16.0, 64.0, 256.0):
         assert 0.0 < rides(b / 2) < rides(b) <= compute(b) + min(299.0, (b - 1) * chunks) * overhead + 1e-9
