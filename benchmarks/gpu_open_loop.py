@@ -329,9 +329,8 @@ def predicted_latency_ms(engine: Engine, gpu: str, prompt_tokens: int, output_to
 def product_readings(engine: Engine, gpu: str, prompt_tokens: int, output_tokens: int,
                      draft_fraction: float | None = None) -> dict[str, Any]:
     """What the product says one server of this engine sustains: the planner's steady-state capacity, and the rate
-    in ``predict``'s saturated answer (its reasons' "one server sustains X req/s without speculation and Y with")."""
-    import re
-
+    in ``predict``'s saturated answer (its throughput over the output tokens: the rate its reasons quote, "one server
+    sustains X req/s", at full precision)."""
     from advisor.costmodel.plan import capacity_rps, mode_of
     from advisor.services import plans, recommendations
 
@@ -341,10 +340,10 @@ def product_readings(engine: Engine, gpu: str, prompt_tokens: int, output_tokens
     cand = plan.speculators[0] if engine.method else None
     mode = mode_of(plan, offer, 1, cand, engine.k if engine.method else None)
     answer = recommendations.predict(scenario_request(body, 10_000.0))[0]
-    said = next(r for r in answer["reasons"] if r.startswith("saturated: one server sustains"))
-    base, spec = (float(x) for x in re.search(r"sustains ([\d.e+]+) req/s without speculation and ([\d.e+]+)",
-                                              said).groups())
-    return {"planner_capacity_rps": capacity_rps(plan, mode), "predict_sustained_rps": spec if engine.method else base,
+    if not answer["concurrency"]["saturated"]:
+        raise ValueError(f"{engine.label}: 10,000 req/s did not saturate the answer's server")
+    sustained = answer["throughput_tok_s"]["speculative" if engine.method else "baseline"] / output_tokens
+    return {"planner_capacity_rps": capacity_rps(plan, mode), "predict_sustained_rps": sustained,
             "kv_capacity_tokens": mode.limits.kv_capacity_tokens, "plan": plan, "mode": mode}
 
 
