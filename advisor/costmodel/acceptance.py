@@ -75,7 +75,7 @@ def per_position_rates(model: AcceptanceModel, temperature: float, k: int = MAX_
     pos = np.arange(k, dtype=float)
     a, b, c = theta[..., 0:1], theta[..., 1:2], theta[..., 2:3]
     conditional = sigmoid(a + b * pos + c * temperature)
-    return np.cumprod(conditional, axis=-1)
+    return conditional.cumprod(axis=-1)
 
 
 def draft_fraction_at(model: AcceptanceModel, temperature: float) -> float:

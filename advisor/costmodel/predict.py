@@ -638,7 +638,7 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
     top = max(max(CURVE_CONCURRENCY), conc_base, conc_spec)
     caps = {c for c in (res_b, res_s) if c < top}  # queued() reads the grid at the caps
     batch = np.array(sorted(set(CURVE_CONCURRENCY) | {conc_base, conc_spec} | caps), dtype=float)
-    ib, isp = int(np.searchsorted(batch, conc_base)), int(np.searchsorted(batch, conc_spec))
+    ib, isp = int(batch.searchsorted(conc_base)), int(batch.searchsorted(conc_spec))
     at = _workload_point(batch, ib, isp, saturated, res_b, res_s)
     # Point estimate over every k: row 0 the scenario's method, rows 1.. the compared methods.
     compared = _compared(ctx, heads or {}) if compare_methods else ()
@@ -647,12 +647,12 @@ def predict(scenario: Scenario, gpu: GpuSpec, target: ModelSpec, draft: ModelSpe
 
     # k: given, or the best expected end-to-end speedup at the workload's concurrency.
     sp_point = at.speedup(grid)[0]  # (K,)
-    k = s.speculator.num_speculative_tokens or int(np.argmax(sp_point) + 1)
+    k = s.speculator.num_speculative_tokens or int(sp_point.argmax() + 1)
     # Monte Carlo draws (row 0 = the point estimate) at the chosen k only: the intervals are only asked there.
     # One percentile pass: column 0 = the workload (baseline at its concurrency vs speculation at its own, or the
     # rates sustained where saturated: _workload_point), then the curve's concurrencies.
     mc = queued(_grid(ctx, setup, ctx.acceptance, batch, samples, k), res_b, res_s)
-    curve_idx = [int(i) for i in np.searchsorted(batch, CURVE_CONCURRENCY)]
+    curve_idx = batch.searchsorted(CURVE_CONCURRENCY).tolist()
     mc_sp = np.column_stack((at.speedup(mc)[:, 0],
                              mc.latency_base_s[:, curve_idx, 0] / mc.latency_spec_s[:, curve_idx, 0]))
     pct = percentiles(mc_sp, INTERVAL)  # (2, 1 + len(curve))
@@ -686,7 +686,7 @@ def _workload_point(batch: np.ndarray, ib: int, isp: int, saturated: bool, res_b
     is what a closed loop beyond both caps answers (queued(): L(C) = L(B)·C/B)."""
     if not saturated:
         return WorkloadPoint(ib, isp, 1.0)
-    return WorkloadPoint(int(np.searchsorted(batch, res_b)), int(np.searchsorted(batch, res_s)), res_s / res_b)
+    return WorkloadPoint(int(batch.searchsorted(res_b)), int(batch.searchsorted(res_s)), res_s / res_b)
 
 
 def _with_admissions(ctx: Context, res_b: float, res_s: float) -> Context:
@@ -854,7 +854,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
     # Curve over concurrency at the chosen k, plus the best k per point.
     # vLLM caps the dynamic table's entries at num_speculative_tokens: the best k per point is searched up to k.
     sp_k = sp[:, ki].tolist()
-    best_k_all = (np.argmax(sp[:, :k], axis=1) + 1).tolist()
+    best_k_all = (sp[:, :k].argmax(axis=1) + 1).tolist()
     sp_best_all = sp[:, :k].max(axis=1).tolist()  # == sp[i, argmax]
     lows, highs = curve_pct.tolist()
     curve, best_ks, best_gain, fixed_curve = [], [], [], []
@@ -1125,7 +1125,7 @@ def _compare_methods(ctx: Context, grid: Grid, at: WorkloadPoint,
                      compared: tuple[Compared, ...]) -> list[dict[str, Any]]:
     """The scenario's method (grid row 0) against the compared methods (rows 1..), at the workload's concurrency."""
     sp = at.speedup(grid)  # (1 + M, K)
-    sp_all, best_all = sp.tolist(), (np.argmax(sp, axis=1) + 1).tolist()
+    sp_all, best_all = sp.tolist(), (sp.argmax(axis=1) + 1).tolist()
     al_all = grid.al[:, 0, :].tolist()
     candidates = [(ctx.scenario.speculator.method, ctx.draft, ctx.draft_source, ctx.acceptance_source,
                    ctx.spec_step_source or ctx.step_source)]

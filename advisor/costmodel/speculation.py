@@ -201,7 +201,11 @@ def _scaled(x, scale):
 
 def _rows(x, rows: int) -> np.ndarray:
     x = np.asarray(x)
-    return x if x.shape == (rows, 1, 1) else np.broadcast_to(x, (rows, 1, 1))
+    if x.shape == (rows, 1, 1):
+        return x
+    out = np.empty((rows, 1, 1))  # x on every row (a copy: faster than broadcast_to's view)
+    out[...] = x
+    return out
 
 
 def _spec_prefill(setup: CycleSetup, ttft_base, inter_target, b: np.ndarray, samples: StepSamples):
@@ -235,7 +239,7 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
     ctx = setup.decode_context_tokens
     ts = setup.target_step
     cum = np.zeros((rows, per_position.shape[1] + 1))  # Σ_{i<j} r_i for j = 0..K_max
-    np.cumsum(per_position, axis=1, out=cum[:, 1:])
+    per_position.cumsum(axis=1, out=cum[:, 1:])
     al = 1.0 + cum[:, np.asarray(ks, dtype=int)][:, None, :]  # AL(k) = 1 + Σ_{i<k} r_i over drafted steps
     tokens = 1.0 + f * (al - 1.0)  # τ(k) = 1 + f·Σ_{i<k} r_i per cycle
 
@@ -268,7 +272,8 @@ def evaluate_grid(setup: CycleSetup, batch: np.ndarray, ks: np.ndarray, per_posi
                                             MAX_NUM_BATCHED_TOKENS)  # (rows, nB, nK)
     else:
         inter_base = (b - 1.0) * prefill_compute_s(setup.target, p, samples.eta_f)
-        inter_target = np.broadcast_to(inter_base, (rows, nb, nk))
+        inter_target = np.empty((rows, nb, nk))  # inter_base on every row and k (faster than broadcast_to's view)
+        inter_target[...] = inter_base
     if drafters is None:
         draft = drafter_time_s(setup, b, k, ctx, samples, f)
         ttft_spec, inter_spec = _spec_prefill(setup, ttft_base, inter_target, b, samples)
@@ -322,7 +327,7 @@ def queued(grid: Grid, resident_base: float, resident_spec: float) -> Grid:
         if max(cap, 1.0) >= c[-1]:  # no point beyond the cap: the grid is unchanged (L·1.0 = L exactly)
             return None
         b = np.minimum(c, max(cap, 1.0))
-        idx = np.searchsorted(c, b)
+        idx = c.searchsorted(b)
         return idx, (c / b).reshape(1, -1, 1)
 
     base, spec = at(resident_base), at(resident_spec)
