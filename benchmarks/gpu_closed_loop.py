@@ -702,6 +702,18 @@ def profile_behaviour(records: list[dict]) -> list[str]:
 
 
 PROFILE_LONG_CONTEXT = Path("benchmarks/data/h200-vllm0.24-kv/kv-auto.jsonl")  # run 12: decode at 8k, bf16 KV
+# Each profiled GPU's long-context decode steps (run 12 on the H200, run 20's lease on the H100), which join every
+# fit a profile ships: the target's and each head's (``profile --extra-records``). A head's run times its plain
+# steps at a 128-token context only, which cannot tell the HBM efficiency from the per-step overhead: the H200's
+# EAGLE-3 fit read 0.65 and 0 ms without them, 0.88 and 1.2 ms with them (the target's: 0.85 and 1.0 ms).
+LONG_CONTEXT_STEPS = {"H200-SXM": PROFILE_LONG_CONTEXT,
+                      "H100-SXM": Path("benchmarks/data/h100-vllm0.24-kv/kv-auto.jsonl")}
+
+
+def head_profile_records(workdir: Path) -> list[dict]:
+    """A head's run as its profile entry is fitted: its records with its GPU's long-context decode steps
+    (``profile --workdir RUN --extra-records LONG_CONTEXT_STEPS[gpu]``)."""
+    return pooled_records([workdir], load_jsonl(REPO_ROOT / LONG_CONTEXT_STEPS[run_gpu(workdir)]))
 # every bf16 lease with a closed loop of the draft model and n-gram, one measurement each (run 6 measured none)
 BF16_LEASES = ("h200-vllm0.24", "h200-vllm0.24-run2", "h200-vllm0.24-run3", "h200-vllm0.24-run4",
                "h200-vllm0.24-run5", "h200-vllm0.24-run7", "h200-vllm0.24-run8", "h200-vllm0.24-run9",

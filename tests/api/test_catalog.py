@@ -93,17 +93,19 @@ def test_import_without_file_names_the_field(client, auth):
 def test_engine_profiles_list_what_ships_and_what_a_gpu_gets(client):
     """``GET /v1/engine-profiles``: the two measured profiles as they ship, with their fits in named units; with
     ``gpu``, the profile a scenario naming that version on that GPU is timed by, the same one its answer names
-    (carried from the H100, the EAGLE heads from the H200, on the A100); none for another vendor; bad input named."""
+    (carried from the H100 with its EAGLE-3 head, the EAGLE head from the H200, on the A100); none for another
+    vendor; bad input named."""
     shipped = {p["name"]: p for p in client.get("/v1/engine-profiles").get_json()}
     assert set(shipped) == {"H200-SXM × vLLM 0.24", "H100-SXM × vLLM 0.24"}
     h100 = shipped["H100-SXM × vLLM 0.24"]
     assert (h100["gpu"], h100["applied_to"], h100["drafters"], h100["drafters_carried"]) == (
-        "H100-SXM", "H100-SXM", ["llama-3.2-1b-instruct"], {})
+        "H100-SXM", "H100-SXM", ["llama-3.2-1b-instruct", "eagle3-llama-3.1-8b"], {})
     assert 0.5 < h100["step_time"]["fixed_overhead_ms"] < 0.8 and 0.8 < h100["step_time"]["bandwidth_efficiency"] < 0.84
     assert "h100-vllm0.24-kv/kv-auto.jsonl" in h100["source"]
     (a100,) = client.get("/v1/engine-profiles?gpu=A100-80GB-SXM&vllm_version=0.24.1").get_json()
     assert (a100["name"], a100["applied_to"]) == ("H100-SXM × vLLM 0.24 → A100-80GB-SXM", "A100-80GB-SXM")
-    assert a100["drafters_carried"]["eagle3-llama-3.1-8b"] == "H200-SXM × vLLM 0.24 → A100-80GB-SXM"
+    assert a100["drafters_carried"] == {"eagle-llama-3.1-8b": "H200-SXM × vLLM 0.24 → A100-80GB-SXM"}
+    assert "eagle3-llama-3.1-8b" in a100["drafters"]  # the H100's own fit of the head, carried with its profile
     answer = client.post("/v1/recommendations", json={
         "gpu": "A100-80GB-SXM", "target_model": "llama-3.1-8b-instruct", "vllm_version": "0.24",
         "speculator": {"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"},

@@ -248,8 +248,8 @@ def test_token_only_mode(app, client, auth):
 
 def test_a_gpu_without_a_profile_gets_its_vllm_versions_profile_carried(client):
     """An A100 scenario naming vLLM 0.24 is timed by 0.24's profile from the measured GPU nearest in bandwidth (the
-    H100's), carried to the A100, and the stored answer says so; drafters the H100 did not time (the EAGLE heads) come
-    from the H200's profile, carried too; another vendor's GPU gets none."""
+    H100's), carried to the A100, and the stored answer says so, its EAGLE-3 head's fit with it; a drafter the H100
+    did not time (the EAGLE head) comes from the H200's profile, carried too; another vendor's GPU gets none."""
     body = example_scenario(gpu="A100-80GB-SXM", vllm_version="0.24",
                             speculator={"method": "draft_model", "draft_model": "llama-3.2-1b-instruct",
                                         "num_speculative_tokens": 3})
@@ -257,16 +257,17 @@ def test_a_gpu_without_a_profile_gets_its_vllm_versions_profile_carried(client):
     profile = answer["engine_profile"]
     assert (profile["name"], profile["gpu"], profile["applied_to"]) == (
         "H100-SXM × vLLM 0.24 → A100-80GB-SXM", "H100-SXM", "A100-80GB-SXM")
-    assert profile["drafters_carried"] == {"eagle-llama-3.1-8b": "H200-SXM × vLLM 0.24 → A100-80GB-SXM",
-                                           "eagle3-llama-3.1-8b": "H200-SXM × vLLM 0.24 → A100-80GB-SXM"}
+    assert profile["drafters_carried"] == {"eagle-llama-3.1-8b": "H200-SXM × vLLM 0.24 → A100-80GB-SXM"}
     assert answer["provenance"]["step_ms.decode"] == "profile:H100-SXM × vLLM 0.24 → A100-80GB-SXM"
     assert any(r.startswith("timing from the measured profile H100-SXM × vLLM 0.24 → A100-80GB-SXM (measured on "
                             "H100-SXM, applied to A100-80GB-SXM") for r in answer["reasons"])
     plain = post(client, {**body, "vllm_version": None}).get_json()
     assert plain["engine_profile"] is None and answer["speedup"]["expected"] < plain["speedup"]["expected"]
     assert client.get(f"/v1/recommendations/{answer['id']}").get_json()["engine_profile"] == profile
+    eagle = post(client, {**body, "speculator": {"method": "eagle", "draft_model": "eagle-llama-3.1-8b"}}).get_json()
+    assert any("its engine is timed by H200-SXM × vLLM 0.24 → A100-80GB-SXM" in r for r in eagle["reasons"])
     eagle3 = post(client, {**body, "speculator": {"method": "eagle3", "draft_model": "eagle3-llama-3.1-8b"}}).get_json()
-    assert any("its engine is timed by H200-SXM × vLLM 0.24 → A100-80GB-SXM" in r for r in eagle3["reasons"])
+    assert eagle3["provenance"]["tpot_ms.speculative"] == "profile:H100-SXM × vLLM 0.24 → A100-80GB-SXM"
     assert post(client, {**body, "gpu": "MI300X"}).get_json()["engine_profile"] is None
 
 
