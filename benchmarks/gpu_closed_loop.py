@@ -714,6 +714,8 @@ def head_profile_records(workdir: Path) -> list[dict]:
     """A head's run as its profile entry is fitted: its records with its GPU's long-context decode steps
     (``profile --workdir RUN --extra-records LONG_CONTEXT_STEPS[gpu]``)."""
     return pooled_records([workdir], load_jsonl(REPO_ROOT / LONG_CONTEXT_STEPS[run_gpu(workdir)]))
+
+
 # every bf16 lease with a closed loop of the draft model and n-gram, one measurement each (run 6 measured none)
 BF16_LEASES = ("h200-vllm0.24", "h200-vllm0.24-run2", "h200-vllm0.24-run3", "h200-vllm0.24-run4",
                "h200-vllm0.24-run5", "h200-vllm0.24-run7", "h200-vllm0.24-run8", "h200-vllm0.24-run9",
