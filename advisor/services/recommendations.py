@@ -253,7 +253,8 @@ def _insert_drivers(dialect: sa.Dialect) -> tuple[_Driver | None, _Driver]:
     """:func:`_insert_statements` compiled once for this engine's dialect. Each POST then binds its values and
     hands the SQL text to a pooled connection's cursor (:func:`_cursor`): SQLAlchemy's per-execution work on a
     cached statement (its cache key over ~30 bound parameters, parameter processing, the compiled-cache lookup)
-    took about as long as SQLite's own INSERTs, and a Core connection's results and transaction a third more. What is stored is unchanged: the same SQL and SQLAlchemy's own type processors."""
+    took about as long as SQLite's own INSERTs, and a Core connection's results and transaction a third more.
+    What is stored is unchanged: the same SQL and SQLAlchemy's own type processors."""
     drivers = _DRIVERS.get(dialect)
     if drivers is None:
         workload, recommendation = _insert_statements(dialect.name)
