@@ -2033,3 +2033,31 @@ def test_a_greedy_drafter_accepts_less_at_temperature_than_the_sampling_one_the_
         assert al["greedy", structure, 0.0] == al["probabilistic", structure, 0.0] == 5.0
         for t in (0.7, 1.0):
             assert al["greedy", structure, t] < 3.8 < 4.8 < al["probabilistic", structure, t]
+
+
+def test_the_h100_profile_out_of_sample_at_long_contexts_and_wide_batches():
+    """benchmarks/profile_steps.py on the H100 lease of 2026-12-07 (``h100-vllm0.24-head-context``): the EAGLE-3
+    head's engine and the plain target at 1k and 4k tokens of context, plain steps of 256-1,024 sequences, n-gram's
+    cycles at 1k, none of them in the shipped profile's fits (which time 128-token contexts, B <= 256, and decode
+    at 8k). What holds, and the misses the docs name ("The profiles out of sample")."""
+    from benchmarks.profile_steps import price_run
+
+    base = RUN.parent / "h100-vllm0.24-head-context"
+    rows = [r for part in ("c1024", "c4096", "wide", "ngram1024") for r in price_run(base / part, "H100-SXM")]
+    err = {(r.run, r.kind, r.method, r.entry, r.batch_size): r.error for r in rows}
+    plain = {key: e for key, e in err.items() if key[1] == "step" and key[3] in ("target", EAGLE3)}
+    long_plain = {key: e for key, e in plain.items() if key[0] != "wide"}
+    assert len(long_plain) == 14 and max(map(abs, long_plain.values())) < 0.07  # both entries, 1k and 4k
+    assert all(abs(err["wide", "step", None, "target", b]) < 0.06 for b in (256, 512))
+    cycles = {key: e for key, e in err.items() if key[2] == "eagle3"}
+    assert len(cycles) == 7 and all(abs(e) < 0.06 for key, e in cycles.items() if key[4] <= 64)
+    # the misses: a cycle verifying 1,024 tokens at 1k of context (its KV read priced under the verify's compute)
+    assert -0.17 < cycles["c1024", "cycle", "eagle3", EAGLE3, 256] < -0.12
+    # plain steps of 512 and 1,024 sequences cost ~40 us a sequence (host-bound): the target's entry -15 % at 1,024;
+    # the head's entry (which a head's answer prices its baseline by) -13 % at 256 already, -25 / -35 % beyond
+    assert -0.17 < err["wide", "step", None, "target", 1024] < -0.13
+    assert [err["wide", "step", None, EAGLE3, b] for b in (256, 512, 1024)] == pytest.approx([-0.13, -0.24, -0.35],
+                                                                                             abs=0.01)
+    # n-gram's cycles priced long by the target's joint fit (the V1 path's verify engine sets its overhead)
+    ngram = [err["ngram1024", "cycle", "ngram", "target", b] for b in (1, 16, 64)]
+    assert 0.05 < ngram[0] < ngram[1] < ngram[2] < 0.22
