@@ -2,9 +2,10 @@
 profiles out of sample: long contexts and wide batches"). Analysis of stored records only, no timing.
 
 Each stored probe record of a run (``calibration-redo.jsonl``: plain target steps, whole speculative cycles) is
-priced by the entry of the shipped profile that an answer would price it by, through the product's own path
-(``gpu_closed_loop.shipped_profile`` -> ``calibration.fit.step_points`` / ``predict_points``): the target's plain
-steps and n-gram's cycles by the profile's target entry, a head's cycles by its drafter entry.
+priced by the entries of the shipped profile that an answer prices it by, through the product's own path
+(``gpu_closed_loop.shipped_profile`` -> ``calibration.fit.step_points`` / ``predict_points``): n-gram's cycles by
+the profile's target entry, a head's cycles by its drafter entry, and the target's plain steps by both (an answer
+naming a head prices its baseline by the head's entry: one fit for both sides of the ratio).
 
     python -m benchmarks.profile_steps benchmarks/data/h100-vllm0.24-head-context/{c1024,c4096,wide,ngram1024} \
         --gpu H100-SXM [--json OUT]

@@ -1,10 +1,10 @@
 #!/bin/bash
 # On the lent GPU machine, after scripts/gpu-setup.sh: the EAGLE-3 head's engine and the plain target at longer
-# contexts and larger batches than the plan's (docs/gpu-closed-loop.md, "The heads' fits out of sample"), each part
+# contexts and larger batches than the plan's (docs/gpu-closed-loop.md, "The profiles out of sample"), each part
 # bounded in time; every part's records, run summary and progress go to $OUT/<part>.
 # Parts: c1024 (B = 1-256 at a 1k context), c4096 (B = 1-64 at 4k), ngram1024 (n-gram's cycles, V1 path, B = 1-64
-# at 1k), wide (plain steps of 256-1,024 sequences at the
-# plan's 128 tokens). Usage: scripts/gpu-head-context.sh PART[:SECONDS] ...
+# at 1k), wide (plain steps of 256-1,024 sequences at the plan's 128 tokens).
+# Usage: scripts/gpu-head-context.sh PART[:SECONDS] ...   (2026-12-07: c1024 then c4096:230 wide:165 ngram1024:165)
 set -u
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
