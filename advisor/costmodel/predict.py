@@ -910,7 +910,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
 
     # Decision.
     blocking = tuple(i.message for i in checks if i.severity == "error")
-    outside = _outside_calibration(ctx, conc_spec)
+    outside = _outside_calibration(ctx, max(min(conc_base, res_b), min(conc_spec, res_s)))  # the engine's batch
     decision, why = decide(DecisionInput(low, high, True, blocking, outside))  # (infeasible: _infeasible)
     reasons = list(why)
     if o == 1:
@@ -977,7 +977,15 @@ def s_fixed(ctx: Context) -> float:
 
 
 def _outside_calibration(ctx: Context, concurrency: float) -> tuple[str, ...]:
-    cal = ctx.calibration
+    """Why the timing that prices this answer did not measure it: ``concurrency``, the batch the engine runs (the
+    client's concurrency up to the sequences whose KV fits: the others wait), above the calibration's or the
+    profile's largest batch, or a temperature outside the calibration's."""
+    cal, profile = ctx.calibration, ctx.profile
+    if profile is not None and ctx.step_source.startswith("profile") and concurrency > profile.max_batch_measured:
+        # beyond its largest batch a profile extrapolates too: on an H100 (vLLM 0.24) steps of 512 and 1,024
+        # sequences were host-bound, 40.6 us a sequence, and priced 5-35 % fast (docs/gpu-closed-loop.md)
+        return (f"concurrency {concurrency:g} > the largest batch the profile {profile.name} timed "
+                f"({profile.max_batch_measured})",)
     if cal is None or not ctx.step_source.startswith("calibration"):
         return ()
     out = []

@@ -2061,3 +2061,27 @@ def test_the_h100_profile_out_of_sample_at_long_contexts_and_wide_batches():
     # n-gram's cycles priced long by the target's joint fit (the V1 path's verify engine sets its overhead)
     ngram = [err["ngram1024", "cycle", "ngram", "target", b] for b in (1, 16, 64)]
     assert 0.05 < ngram[0] < ngram[1] < ngram[2] < 0.22
+
+
+def test_a_profile_answer_beyond_its_largest_batch_says_calibrate():
+    """A profile extrapolates beyond the largest batch it timed, as a calibration does: the answer is "calibrate"
+    and says why, judged on the batch the engine runs (the clients up to what its KV holds and --max-num-seqs). The
+    shipped profiles time B = 256, the answer's --max-num-seqs; on an H100 steps of 512 and 1,024 sequences were
+    host-bound and priced 5-35 % fast (test_the_h100_profile_out_of_sample_at_long_contexts_and_wide_batches)."""
+    gpu, target, head = gcl.catalog_specs(EAGLE3, "H100-SXM")
+    shipped = gcl.shipped_profile(gpu="H100-SXM")
+
+    def answer(concurrency: int, profile) -> dict:  # noqa: ANN001
+        s = Scenario(gpu="H100-SXM", target_model=gcl.TARGET, vllm_version="0.24",
+                     speculator=Speculator("eagle3", EAGLE3, 3), workload=Workload(64, 256, 0.0, "code",
+                                                                                   concurrency=concurrency),
+                     acceptance=AcceptanceInput(per_position=(0.95, 0.9, 0.85)))
+        return predict(s, gpu, target, head, profile=profile).to_dict()
+
+    clients = answer(384, shipped)  # 384 clients, 256 running (the command's --max-num-seqs), the rest queued
+    assert clients["concurrency"]["resident_speculative"] == 256 and clients["decision"] == "go"
+    narrow = dataclasses.replace(shipped, max_batch_measured=64)
+    assert answer(64, narrow)["decision"] == "go"
+    beyond = answer(128, narrow)
+    assert beyond["decision"] == "calibrate" and beyond["reasons"][0] == (
+        "outside calibrated range: concurrency 128 > the largest batch the profile H100-SXM × vLLM 0.24 timed (64)")
