@@ -15,6 +15,7 @@ from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fract
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import METHOD_KINDS, check_draft, check_tensor_parallel
 from .decision import GO_THRESHOLD, DecisionInput, decide
+from .memo import cached_by_identity, cached_when_hashable
 from .memory import (MAX_MODEL_LEN_RESERVE_GB, MemoryReport, beyond_context_window, kv_cache_bytes_per_element,
                      memory_report, resident_sequences)
 from .priors import prior_acceptance
@@ -353,6 +354,7 @@ def _depth(timed: StepTimeParams, stand_in: StepTimeParams) -> str:
             f"{timed.proposer_layers}: a draft model's layers are launched from the host)")
 
 
+@cached_when_hashable(1024)  # (a calibration run's or a profile's fits do not hash: those calls are computed)
 def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec | None, method: str,
                  calibration: Calibration | None, profile: MeasuredEngineProfile | None) -> EngineSteps:
     """How ``predict``, its compared methods and the capacity planner time the engine (one rule): a calibration
@@ -459,8 +461,9 @@ def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 _STEP_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(StepTimeParams)))
 
 
+@cached_by_identity(1024)
 def _params_key(params: StepTimeParams) -> tuple:
-    """Every field of ``params``, hashable (the covariance as nested tuples)."""
+    """Every field of ``params``, hashable (the covariance as nested tuples); once per fit object."""
     key = _STEP_FIELDS(params)
     if params.covariance is None:
         return key
@@ -470,6 +473,21 @@ def _params_key(params: StepTimeParams) -> tuple:
 def _params_from_key(key: tuple) -> StepTimeParams:
     """:func:`_params_key` undone (the covariance as nested lists again)."""
     return StepTimeParams(*(list(map(list, value)) if isinstance(value, tuple) else value for value in key))
+
+
+@cached_by_identity(1024)
+def _mc_coefficients(acc: AcceptanceModel, std_normal: np.ndarray) -> np.ndarray:
+    """``coefficients_from_normals``, once per acceptance model object: a prior, or the model of stated words
+    (read-only: it is shared)."""
+    coeffs = coefficients_from_normals(acc, std_normal)
+    coeffs.flags.writeable = False
+    return coeffs
+
+
+@cached_by_identity(256)
+def _point_samples(params: StepTimeParams) -> StepSamples:
+    """``StepSamples.point(params)``, once per fit object (read-only: it is shared)."""
+    return _read_only(StepSamples.point(params))
 
 
 def _read_only(step: StepSamples) -> StepSamples:
@@ -520,15 +538,15 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
             while j < len(setups) and setups[j].target_step == setups[i].target_step:
                 j += 1
             part = evaluate_grid(setups[i], batch, ks, r[i:j], fraction[i:j],
-                                 StepSamples.point(setups[i].target_step), drafters=setups[i:j])
+                                 _point_samples(setups[i].target_step), drafters=setups[i:j])
             grid, i = part if grid is None else stack_grids(grid, part), j
         return grid
     if samples == 1:  # point estimate only
         r = per_position_rates(acc, temperature, width)[None, :]
-        step = StepSamples.point(ctx.target_step)
+        step = _point_samples(ctx.target_step)
     else:
         z_acc, _, z_over, z_time = _mc_normals(samples)
-        coeffs = coefficients_from_normals(acc, z_acc)
+        coeffs = _mc_coefficients(acc, z_acc)
         r = per_position_rates(acc, temperature, width, coeffs)
         step = _mc_step_samples(ctx.target_step, ctx.draft_step, samples)
     fraction = np.full(samples, draft_fraction_at(acc, temperature))
