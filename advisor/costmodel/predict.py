@@ -21,8 +21,8 @@ from .memory import (MAX_MODEL_LEN_RESERVE_GB, MemoryReport, beyond_context_wind
 from .priors import prior_acceptance
 from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
                           stack_grids)
-from .steptime import (default_drafter_step, default_prefill_params, default_step_time_params, engine_profile,
-                       forward_cost, with_engine)
+from .steptime import (ENGINE_PROFILES, EngineProfile, default_drafter_step, default_prefill_params,
+                       default_step_time_params, engine_profile, forward_cost, with_engine)
 from .tco import best_operating_point, tco_report
 from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceInput,
                     AcceptanceModel, Calibration, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec,
@@ -354,14 +354,25 @@ def _depth(timed: StepTimeParams, stand_in: StepTimeParams) -> str:
             f"{timed.proposer_layers}: a draft model's layers are launched from the host)")
 
 
-@cached_when_hashable(1024)  # (a calibration run's or a profile's fits do not hash: those calls are computed)
 def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec | None, method: str,
                  calibration: Calibration | None, profile: MeasuredEngineProfile | None) -> EngineSteps:
     """How ``predict``, its compared methods and the capacity planner time the engine (one rule): a calibration
     run's fits (that applies) before a profile's, before the defaults. A drafter's fit is its engine's, so it prices
     the target's steps too; a drafter not timed is priced by a timed drafter of its method (its stand-in:
     ``Calibration.with_stand_in``, ``MeasuredEngineProfile.with_stand_in``); where the calibration timed no drafter
-    of the method and the profile did, the profile times it all; else the drafter gets its method's prior."""
+    of the method and the profile did, the profile times it all; else the drafter gets its method's prior.
+
+    Computed once per distinct arguments and engine profile (the defaults read ``ENGINE_PROFILES``, which a
+    sweep may replace); calls with a calibration run's or a measured profile's fits, which do not hash, each
+    time."""
+    return _engine_steps(ENGINE_PROFILES.get(engine), gpu, engine, target, draft, method, calibration, profile)
+
+
+@cached_when_hashable(1024)
+def _engine_steps(_engine_defaults: EngineProfile | None, gpu: GpuSpec, engine: str, target: ModelSpec,
+                  draft: ModelSpec | None, method: str, calibration: Calibration | None,
+                  profile: MeasuredEngineProfile | None) -> EngineSteps:
+    """:func:`engine_steps`; ``_engine_defaults`` (the engine's ``ENGINE_PROFILES`` entry) only keys the cache."""
     notes: tuple[str, ...] = ()
     profiled = None  # the profile with this drafter's fit or its stand-in's, taken once and only where it is needed
     if calibration is not None and draft is not None:
