@@ -54,9 +54,16 @@ def loads_bounded(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
         data = json.loads(text)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {limit} levels") from None
-    if _depth_exceeds(data, limit):
+    if _brackets(text) > limit and _depth_exceeds(data, limit):  # fewer opening brackets cannot nest deeper
         raise ValueError(f"JSON nested deeper than {limit} levels")
     return data
+
+
+def _brackets(text: str | bytes) -> int:
+    """The opening brackets in a JSON text, those inside strings included: at least its nesting depth."""
+    if isinstance(text, str):
+        return text.count("[") + text.count("{")
+    return text.count(b"[") + text.count(b"{")
 
 
 class JSONProvider(DefaultJSONProvider):

@@ -18,7 +18,7 @@ blp = Blueprint("recommendations", __name__, url_prefix="/v1/recommendations",
                 description="Go / no-go answers for a workload, stored and immutable.")
 
 
-def json_response(body: str, status: int) -> Response:
+def json_response(body: str | bytes, status: int) -> Response:
     """A stored answer as JSON text, without a marshmallow pass: it already has the RecommendationSchema's shape
     (the schema loaded the scenario; the cost model's answer is plain JSON), and walking ~12 KB of nested dicts
     through the schema cost more than the database. The fuzz test checks the shape against the document."""
@@ -87,4 +87,4 @@ class RecommendationById(MethodView):
     @blp.response(200, RecommendationSchema)
     def get(self, rec_id):
         """One stored recommendation: the scenario and the full answer."""
-        return json_response(service.get_text(rec_id), 200)
+        return json_response(service.get_body(rec_id), 200)

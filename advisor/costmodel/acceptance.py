@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
+from .memo import cached_when_hashable
 from .types import AcceptanceInput, AcceptanceModel, CostModelError
 
 MAX_K = 16  # longest draft accepted as input
@@ -124,6 +125,7 @@ def _fit_rates(rates: np.ndarray, intercept: float, slope: float) -> tuple[float
     return float(fit.x[0]), float(fit.x[1])
 
 
+@cached_when_hashable(4096)  # stated words repeat across scenarios; the model is frozen
 def model_from_input(given: AcceptanceInput, k_ref: int, method: str, structure: str,
                      drafter: str | None) -> AcceptanceModel:
     """A stated acceptance as an AcceptanceModel (temperature-independent: it was measured at the workload's T).

@@ -15,13 +15,14 @@ from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fract
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import METHOD_KINDS, check_draft, check_tensor_parallel
 from .decision import GO_THRESHOLD, DecisionInput, decide
+from .memo import cached_by_identity, cached_when_hashable
 from .memory import (MAX_MODEL_LEN_RESERVE_GB, MemoryReport, beyond_context_window, kv_cache_bytes_per_element,
                      memory_report, resident_sequences)
 from .priors import prior_acceptance
 from .speculation import (COPY_DRAFTERS, MODEL_DRAFTERS, CycleSetup, Grid, StepSamples, evaluate_grid, queued,
                           stack_grids)
-from .steptime import (default_drafter_step, default_prefill_params, default_step_time_params, engine_profile,
-                       forward_cost, with_engine)
+from .steptime import (ENGINE_PROFILES, EngineProfile, default_drafter_step, default_prefill_params,
+                       default_step_time_params, engine_profile, forward_cost, with_engine)
 from .tco import best_operating_point, tco_report
 from .types import (COST_MODEL_VERSION, INTERNAL_METHODS, METHODS, STRUCTURES, WEIGHTS_DTYPES, AcceptanceInput,
                     AcceptanceModel, Calibration, CostModelError, GpuSpec, MeasuredEngineProfile, ModelSpec,
@@ -359,7 +360,19 @@ def engine_steps(gpu: GpuSpec, engine: str, target: ModelSpec, draft: ModelSpec 
     run's fits (that applies) before a profile's, before the defaults. A drafter's fit is its engine's, so it prices
     the target's steps too; a drafter not timed is priced by a timed drafter of its method (its stand-in:
     ``Calibration.with_stand_in``, ``MeasuredEngineProfile.with_stand_in``); where the calibration timed no drafter
-    of the method and the profile did, the profile times it all; else the drafter gets its method's prior."""
+    of the method and the profile did, the profile times it all; else the drafter gets its method's prior.
+
+    Computed once per distinct arguments and engine profile (the defaults read ``ENGINE_PROFILES``, which a
+    sweep may replace); calls with a calibration run's or a measured profile's fits, which do not hash, each
+    time."""
+    return _engine_steps(ENGINE_PROFILES.get(engine), gpu, engine, target, draft, method, calibration, profile)
+
+
+@cached_when_hashable(1024)
+def _engine_steps(_engine_defaults: EngineProfile | None, gpu: GpuSpec, engine: str, target: ModelSpec,
+                  draft: ModelSpec | None, method: str, calibration: Calibration | None,
+                  profile: MeasuredEngineProfile | None) -> EngineSteps:
+    """:func:`engine_steps`; ``_engine_defaults`` (the engine's ``ENGINE_PROFILES`` entry) only keys the cache."""
     notes: tuple[str, ...] = ()
     profiled = None  # the profile with this drafter's fit or its stand-in's, taken once and only where it is needed
     if calibration is not None and draft is not None:
@@ -459,8 +472,9 @@ def _mc_normals(samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 _STEP_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(StepTimeParams)))
 
 
+@cached_by_identity(1024)
 def _params_key(params: StepTimeParams) -> tuple:
-    """Every field of ``params``, hashable (the covariance as nested tuples)."""
+    """Every field of ``params``, hashable (the covariance as nested tuples); once per fit object."""
     key = _STEP_FIELDS(params)
     if params.covariance is None:
         return key
@@ -470,6 +484,21 @@ def _params_key(params: StepTimeParams) -> tuple:
 def _params_from_key(key: tuple) -> StepTimeParams:
     """:func:`_params_key` undone (the covariance as nested lists again)."""
     return StepTimeParams(*(list(map(list, value)) if isinstance(value, tuple) else value for value in key))
+
+
+@cached_by_identity(1024)
+def _mc_coefficients(acc: AcceptanceModel, std_normal: np.ndarray) -> np.ndarray:
+    """``coefficients_from_normals``, once per acceptance model object: a prior, or the model of stated words
+    (read-only: it is shared)."""
+    coeffs = coefficients_from_normals(acc, std_normal)
+    coeffs.flags.writeable = False
+    return coeffs
+
+
+@cached_by_identity(256)
+def _point_samples(params: StepTimeParams) -> StepSamples:
+    """``StepSamples.point(params)``, once per fit object (read-only: it is shared)."""
+    return _read_only(StepSamples.point(params))
 
 
 def _read_only(step: StepSamples) -> StepSamples:
@@ -520,15 +549,15 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
             while j < len(setups) and setups[j].target_step == setups[i].target_step:
                 j += 1
             part = evaluate_grid(setups[i], batch, ks, r[i:j], fraction[i:j],
-                                 StepSamples.point(setups[i].target_step), drafters=setups[i:j])
+                                 _point_samples(setups[i].target_step), drafters=setups[i:j])
             grid, i = part if grid is None else stack_grids(grid, part), j
         return grid
     if samples == 1:  # point estimate only
         r = per_position_rates(acc, temperature, width)[None, :]
-        step = StepSamples.point(ctx.target_step)
+        step = _point_samples(ctx.target_step)
     else:
         z_acc, _, z_over, z_time = _mc_normals(samples)
-        coeffs = coefficients_from_normals(acc, z_acc)
+        coeffs = _mc_coefficients(acc, z_acc)
         r = per_position_rates(acc, temperature, width, coeffs)
         step = _mc_step_samples(ctx.target_step, ctx.draft_step, samples)
     fraction = np.full(samples, draft_fraction_at(acc, temperature))
