@@ -495,10 +495,15 @@ def _mc_coefficients(acc: AcceptanceModel, std_normal: np.ndarray) -> np.ndarray
     return coeffs
 
 
-@cached_by_identity(256)
 def _point_samples(params: StepTimeParams) -> StepSamples:
-    """``StepSamples.point(params)``, once per fit object (read-only: it is shared)."""
-    return _read_only(StepSamples.point(params))
+    """``StepSamples.point(params)``, cached per distinct parameters as the Monte Carlo draws are (read-only: it is
+    shared)."""
+    return _cached_point_samples(_params_key(params))
+
+
+@lru_cache(maxsize=256)
+def _cached_point_samples(key: tuple) -> StepSamples:
+    return _read_only(StepSamples.point(_params_from_key(key)))
 
 
 def _read_only(step: StepSamples) -> StepSamples:
