@@ -491,11 +491,11 @@ def build_gpu_calibration(records: list[dict], gpu, target, draft, run_id: int =
     return cal, results
 
 
-def fit_models(records: list[dict], draft) -> tuple[str, dict]:
-    """The target engine's checkpoint path, and the model drafter's path(s) -> ``draft`` (joined into the joint
-    fit)."""
+def fit_models(records: list[dict], draft) -> tuple[str | None, dict]:
+    """The target engine's checkpoint path (None where no target engine ran: every other path is the target's),
+    and the model drafter's path(s) -> ``draft`` (joined into the joint fit)."""
     engines = [r["params"]["engine"] for r in records]
-    target_path = next(e["model"] for e in engines if e.get("label") == "target")
+    target_path = next((e["model"] for e in engines if e.get("label") == "target"), None)
     draft_paths = {(e.get("speculative_config") or {}).get("model") for e in engines
                    if (e.get("speculative_config") or {}).get("method") in MODEL_DRAFTER_METHODS.values()}
     return target_path, {p: draft for p in draft_paths if p}

@@ -44,13 +44,11 @@ def price_run(workdir: Path, gpu_name: str, vllm_version: str = "0.24") -> list[
 
     profile = gcl.shipped_profile(vllm_version, gpu_name)
     records = gcl.load_jsonl(workdir / "calibration-redo.jsonl")
-    gpu, target, _ = gcl.catalog_specs(gpu_name=gpu_name)
-    engines = [r["params"]["engine"] for r in records]
-    drafters = {(e.get("speculative_config") or {}).get("model") for e in engines} - {None}
-    models = {path: gcl.catalog_specs(Path(path).name.replace("-layers", "@"), gpu_name)[2] for path in drafters}
+    gpu, target, draft = gcl.catalog_specs(gcl.run_drafter(records), gpu_name)
+    target_path, models = gcl.fit_models(records, draft)
     heads = [name for name, method in profile.drafter_methods if method in HEAD_METHODS]
     out = []
-    for point in step_points(records, target, None, models):
+    for point in step_points(records, target, target_path, models):
         if point.draft is not None:
             entries = [point.draft.name]
         else:  # a head's answer prices its baseline's plain steps by the head's entry too
