@@ -8,7 +8,9 @@ with ``--scenario``'s requests (``post``: distinct POST scenarios; ``get``, ``li
 trees alternates between rounds. Each tree has its own fresh
 database (SQLite, or ``--database-url`` + the tree's index, e.g. ``postgresql://postgres@127.0.0.1:5432/ab`` →
 ``ab0``, ``ab1``, which must exist and be empty). Printed per run and summarised: requests/s and the CPU seconds
-the gunicorn workers used per request (user + system, from /proc), whose median is steadier than requests/s.
+the gunicorn workers used per request (user + system, from /proc), whose median is steadier than requests/s; with
+PostgreSQL, its backends' CPU per request; and the whole machine's busy CPU per request (the load generator, the
+database and anything else running).
 
     flock /tmp/specadvisor-cpu.lock python -m benchmarks.service_ab /work/main /work/wtX --rounds 4
     flock /tmp/specadvisor-cpu.lock python -m benchmarks.service_ab /work/main /work/wtX --scenario get --rounds 6
@@ -46,6 +48,32 @@ def _cpu_s(server: Server) -> tuple[float, float]:
     return user / os.sysconf("SC_CLK_TCK"), system / os.sysconf("SC_CLK_TCK")
 
 
+def _host_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (not idle or waiting on I/O), from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _backend_cpu_s(database: str | None) -> float:
+    """CPU seconds used so far by the PostgreSQL backends serving ``database`` (0 without one)."""
+    if not database:
+        return 0.0
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+            if not command.startswith(b"postgres: ") or f" {database} ".encode() not in command:
+                continue
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def main(args: argparse.Namespace) -> dict:
     trees = [Path(t).resolve() for t in args.trees]
     envs = {}
@@ -76,10 +104,12 @@ def main(args: argparse.Namespace) -> dict:
             server = Server(envs[tree], None, args.workers, args.threads, root=tree)
             try:
                 run_load(server.port, requests, clients=args.clients, seconds=1.0)  # warm up
-                before = _cpu_s(server)
+                database = envs[tree]["DATABASE_URL"].rsplit("/", 1)[1] if args.database_url else None
+                before, host, backend = _cpu_s(server), _host_busy_s(), _backend_cpu_s(database)
                 result = run_load(server.port, requests, clients=args.clients, seconds=args.seconds)
-                after = _cpu_s(server)
-                user_ms, sys_ms = ((b - a) / max(result.requests, 1) * 1e3 for a, b in zip(before, after))
+                after, n = _cpu_s(server), max(result.requests, 1)
+                host, backend = (_host_busy_s() - host) / n * 1e3, (_backend_cpu_s(database) - backend) / n * 1e3
+                user_ms, sys_ms = ((b - a) / n * 1e3 for a, b in zip(before, after))
                 if set(result.statuses) - {expected}:  # show why (the server's log)
                     server.log.seek(0)
                     print(server.log.read()[-4000:].decode(errors="replace"), file=sys.stderr)
@@ -87,16 +117,19 @@ def main(args: argparse.Namespace) -> dict:
                 server.stop()
             run = {**result.summary(), "label": f"{tree.name}/{round_ + 1}",
                    "worker_cpu_ms": round(user_ms + sys_ms, 3), "worker_user_ms": round(user_ms, 3),
-                   "worker_sys_ms": round(sys_ms, 3)}
+                   "worker_sys_ms": round(sys_ms, 3), "backend_cpu_ms": round(backend, 3),
+                   "host_busy_ms": round(host, 3)}
             runs[tree].append(run)
             print(json.dumps(run), flush=True)
     summary = {str(tree): {"mean_rps": round(statistics.mean(r["rps"] for r in runs[tree]), 1),
-                           "median_worker_cpu_ms": round(statistics.median(r["worker_cpu_ms"] for r in runs[tree]), 3),
+                           **{f"median_{key}": round(statistics.median(r[key] for r in runs[tree]), 3)
+                              for key in ("worker_cpu_ms", "backend_cpu_ms", "host_busy_ms")},
                            "runs": runs[tree]} for tree in trees}
     print()
     for tree, s in summary.items():
         print(f"{tree}: {s['mean_rps']:.0f} {args.scenario} req/s (mean), "
-              f"{s['median_worker_cpu_ms']:.3f} ms worker CPU per request (median)")
+              f"{s['median_worker_cpu_ms']:.3f} ms worker CPU per request (median), backends "
+              f"{s['median_backend_cpu_ms']:.3f} ms, machine busy {s['median_host_busy_ms']:.3f} ms")
     return summary
 
 
