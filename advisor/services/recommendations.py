@@ -492,7 +492,7 @@ def page_after(filters: dict[str, Any], after_id: int, limit: int) -> str:
 
 def _entries_text(rows: Any) -> str:
     """The stored list entries of ``(id, summary, …)`` rows joined into a JSON array (nothing parsed)."""
-    return "[" + ", ".join(f'{{"id": {row[0]}, {row[1][1:]}' for row in rows) + "]"
+    return "[" + ", ".join([f'{{"id": {row[0]}, {row[1][1:]}' for row in rows]) + "]"  # a list: join sizes it once
 
 
 @functools.cache
