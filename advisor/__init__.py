@@ -14,14 +14,14 @@ log = logging.getLogger(__name__)
 
 
 def create_app(overrides: dict[str, Any] | None = None) -> Flask:
-    from flask import Flask
     from flask_smorest import Api
 
     from .config import Config, engine_options
     from .errors import ErrorSchema, JSONProvider, register_error_handlers
     from .extensions import db
+    from .web import App
 
-    app = Flask(__name__, instance_relative_config=False)
+    app = App(__name__, instance_relative_config=False)
     app.json = JSONProvider(app)  # bounded parsing (a 400 for abuse), no NaN or Infinity in any answer
     app.config.from_object(Config())
     app.config.update(overrides or {})

@@ -202,23 +202,31 @@ def find_unstorable(data: Any, prefix: str = "") -> str | None:
     return None
 
 
+def _plain(raw: bytes, escape: bytes) -> bool:
+    """Raw bytes whose every parsed string is storable: ASCII without a NUL and without ``escape``, the only way
+    its parser writes any other character (``%`` in a query; ``\\u`` in JSON, whose parser refuses raw control
+    characters)."""
+    return raw.isascii() and escape not in raw and b"\x00" not in raw
+
+
 def reject_unstorable_strings() -> None:
     """A client string holding NUL or a lone surrogate is a 422 naming where it is, on every backend."""
     from flask import request
 
-    pairs = [*request.args.items(multi=True)] if request.query_string else []  # repeated keys: every value
-    if request.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        pairs += request.form.items(multi=True)
+    req = request._get_current_object()  # one look-up of the request, not one per attribute
+    query = req.query_string
+    pairs = [*req.args.items(multi=True)] if query and not _plain(query, b"%") else []  # repeated keys: every value
     body = None
-    if request.is_json and request.method in ("POST", "PUT", "PATCH") and request.get_data(cache=True):
-        body = request.get_json()  # malformed or abusive JSON is a 400 on every route, those that ignore bodies too
-    elif request.is_json:
-        body = request.get_json(silent=True)
-    if body is not None:
-        raw = request.get_data(cache=True)
-        if raw.isascii() and b"\\u" not in raw:  # parsed strings hold no raw control character (the parser
-            body = None  # refuses them), so without an escape no string can hold NUL or a lone surrogate
-    for data in (request.view_args or {}, *({key: value} for key, value in pairs), body):
+    if req.environ.get("CONTENT_TYPE"):  # without a Content-Type there is no form and no JSON body
+        if req.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+            pairs += req.form.items(multi=True)
+        if req.is_json and req.method in ("POST", "PUT", "PATCH") and req.get_data(cache=True):
+            body = req.get_json()  # malformed or abusive JSON is a 400 on every route, those that ignore bodies too
+        elif req.is_json:
+            body = req.get_json(silent=True)
+        if body is not None and _plain(req.get_data(cache=True), b"\\u"):
+            body = None
+    for data in (req.view_args or {}, *({key: value} for key, value in pairs), body):
         field = find_unstorable(data)
         if field:
             raise field_error(field, "must be valid UTF-8 text without NUL (0x00) characters.")

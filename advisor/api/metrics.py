@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from flask import Flask, Response, g, request
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram,
@@ -21,22 +22,34 @@ LATENCY = Histogram("specadvisor_http_request_duration_seconds", "HTTP request l
                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
 
 
-def _route() -> str:
-    rule = request.url_rule
-    return rule.rule if rule is not None else "unmatched"  # the rule, not the path: bounded label values
-
-
 def _start() -> None:
     g.metrics_start = time.perf_counter()
+
+
+_CHILDREN: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def _children(method: str, route: str, status: int) -> tuple[Any, Any]:
+    """The request counter's and the latency histogram's children for one request's labels, resolved once per
+    (method, route, status): ``labels()`` checked and joined the label values and took a lock on every request.
+    Bounded, as the label values are: the methods above, the app's rules and the statuses it sends."""
+    children = _CHILDREN.get((method, route, status))
+    if children is None:
+        children = _CHILDREN[method, route, status] = (REQUESTS.labels(method, route, str(status)),
+                                                      LATENCY.labels(method, route))
+    return children
 
 
 def _observe(response: Response) -> Response:
     start = g.pop("metrics_start", None)
     if start is not None:
-        method = request.method if request.method in METHODS else "other"
-        route = _route()
-        REQUESTS.labels(method, route, str(response.status_code)).inc()
-        LATENCY.labels(method, route).observe(time.perf_counter() - start)
+        req = request._get_current_object()  # one look-up of the request, not one per attribute
+        method = req.method if req.method in METHODS else "other"
+        rule = req.url_rule
+        route = rule.rule if rule is not None else "unmatched"  # the rule, not the path: bounded label values
+        count, latency = _children(method, route, response.status_code)
+        count.inc()
+        latency.observe(time.perf_counter() - start)
     return response
 
 

@@ -173,15 +173,24 @@ def create_with_json(data: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     return {"id": rec_id, "created_at": now, "workload_id": workload_id, "scenario": data, **answer}, body
 
 
-def stored_body(rec_id: int, created_at: Any, workload_id: int, inputs_text: str, answer_text: str) -> bytes:
+def stored_body(rec_id: int, created_at: Any, workload_id: int, inputs_text: str | bytes,
+                answer_text: str | bytes) -> bytes:
     """``as_dict``'s shape as JSON (UTF-8), from the stored JSON texts of the scenario and the answer (neither is
     parsed nor encoded again): what POST sends and GET by id sends. Joined as bytes: a POST's answer text was
     encoded to UTF-8 when the driver bound it, and CPython keeps that encoding with a non-ASCII text, so its
-    ``encode`` is a copy; a text joined first would be encoded anew (7 µs for an answer's 12 KB)."""
-    head = json.dumps({"id": rec_id, "created_at": created_at.isoformat(), "workload_id": workload_id,
-                       "scenario": None})
-    return b"".join((head[:-len("null}")].encode(), inputs_text.encode(), b", ",
-                     memoryview(answer_text.encode())[1:]))
+    ``encode`` is a copy; a text joined first would be encoded anew (7 µs for an answer's 12 KB). SQLite's GET reads
+    the texts as their UTF-8 bytes (:data:`_GET_BYTES`), which are joined as they are."""
+    if type(rec_id) is int and type(workload_id) is int:  # json.dumps' text: the ISO time is digits and -:.T+
+        head = (f'{{"id": {rec_id}, "created_at": "{created_at.isoformat()}", "workload_id": {workload_id}, '
+                '"scenario": ')
+    else:
+        head = json.dumps({"id": rec_id, "created_at": created_at.isoformat(), "workload_id": workload_id,
+                           "scenario": None})[:-len("null}")]
+    return b"".join((head.encode(), _utf8(inputs_text), b", ", memoryview(_utf8(answer_text))[1:]))
+
+
+def _utf8(text: str | bytes) -> bytes:
+    return text if type(text) is bytes else text.encode()
 
 
 _RECOMMENDATION_COLUMNS = tuple(c.name for c in Recommendation.__table__.c if c.name not in ("id", "workload_id"))
@@ -376,15 +385,30 @@ def _read(statement: Any) -> _Read:
     return read
 
 
-_GET_TEXT = sa.select(Recommendation.id, Recommendation.created_at, Recommendation.workload_id,
-                      sa.cast(Recommendation.inputs, sa.Text()), sa.cast(Recommendation.answer, sa.Text())
-                      ).where(Recommendation.id == sa.bindparam("rec_id"))
+class _Utf8(sa.types.UserDefinedType):
+    """A cast to SQLite's BLOB whose value comes back as the driver gives it: the text's UTF-8 bytes, not decoded
+    into a str (and encoded again for the response) nor copied by LargeBinary's result processor."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **_kw: Any) -> str:
+        return "BLOB"
+
+
+def _get_statement(as_type: Any) -> Select:
+    return sa.select(Recommendation.id, Recommendation.created_at, Recommendation.workload_id,
+                     sa.cast(Recommendation.inputs, as_type), sa.cast(Recommendation.answer, as_type)
+                     ).where(Recommendation.id == sa.bindparam("rec_id"))
+
+
+_GET_TEXT = _get_statement(sa.Text())  # PostgreSQL: the json type's text, verbatim
+_GET_BYTES = _get_statement(_Utf8())  # SQLite: the stored text's bytes (UTF-8, the database's encoding)
 
 
 def get_body(rec_id: int) -> bytes:
     """One stored recommendation as JSON (``as_dict``'s shape, UTF-8): one SELECT; the stored JSON texts are sent
     as they are (the ``json`` type keeps its text verbatim on PostgreSQL; SQLite stores text)."""
-    rows = _read(_GET_TEXT).rows({"rec_id": rec_id})
+    rows = _read(_GET_BYTES if db.engine.dialect.name == "sqlite" else _GET_TEXT).rows({"rec_id": rec_id})
     if not rows:
         raise ApiError(404, f"No recommendation with id {rec_id}.")
     return stored_body(*rows[0])
@@ -468,7 +492,7 @@ def page_after(filters: dict[str, Any], after_id: int, limit: int) -> str:
 
 def _entries_text(rows: Any) -> str:
     """The stored list entries of ``(id, summary, …)`` rows joined into a JSON array (nothing parsed)."""
-    return "[" + ", ".join(f'{{"id": {row[0]}, {row[1][1:]}' for row in rows) + "]"
+    return "[" + ", ".join([f'{{"id": {row[0]}, {row[1][1:]}' for row in rows]) + "]"  # a list: join sizes it once
 
 
 @functools.cache

@@ -141,6 +141,21 @@ def test_unstorable_text_in_raw_bodies_is_a_422(client, raw):
     assert {"gpu", "target_model"} & set(response.get_json()["error"]["fields"])
 
 
+@pytest.mark.parametrize("query,kw,field", [
+    ("", {"data": "note=a%00b", "content_type": "application/x-www-form-urlencoded"}, "note"),
+    ("", {"data": b'{"note": "a\\u0000b"}', "content_type": "application/json"}, "note"),
+    ("?gpu=x&page=2&gpu=a%00b", {}, "gpu"),
+    ("?a%00b=1", {}, "a\x00b"),
+])
+def test_a_get_carries_no_unstorable_text_anywhere(client, query, kw, field):
+    """Reads skip the walk where nothing can hold NUL or a lone surrogate (no Content-Type: no form and no JSON
+    body; a query of plain ASCII without a percent escape); a string that can is still found, in a form, a JSON body
+    or any repeated query value of a GET."""
+    response = client.get(f"/v1/recommendations/1{query}", **kw)
+    assert response.status_code == 422, response.get_json()
+    assert field in response.get_json()["error"]["fields"]
+
+
 @pytest.mark.parametrize("value", [0.0, 1, "yes", "false", None])
 def test_a_boolean_field_takes_only_json_true_or_false(client, auth, value):
     """Schemathesis (random seeds) sent ``"tie_word_embeddings": 0.0`` and got a 201: marshmallow's Boolean takes

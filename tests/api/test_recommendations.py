@@ -235,6 +235,37 @@ def test_unknown_recommendation_is_404_in_the_envelope(client):
     assert response.get_json()["error"]["code"] == "not_found"
 
 
+
+def test_get_sends_the_stored_texts_as_they_are_non_ascii_too(app, client):
+    """GET by id joins the stored JSON texts of the scenario and the answer without parsing them (SQLite reads them
+    as their UTF-8 bytes): a text with non-ASCII characters comes back as the same characters, in POST's shape."""
+    import sqlalchemy as sa
+
+    from advisor.extensions import db
+    from advisor.models import Recommendation
+
+    rec = post(client, example_scenario()).get_json()
+    table = Recommendation.__table__
+    inputs = '{"gpu": "H100-SXM", "note": "café → 速い 🚀"}'
+    answer = '{"decision": "go", "reasons": ["naïve ✓", "\\u00e9 escaped"]}'
+    with app.app_context(), db.engine.begin() as conn:
+        row = conn.execute(sa.select(table).where(table.c.id == rec["id"])).mappings().one()
+
+        def text(name: str, value: str):  # noqa: ANN202  (stored verbatim: json keeps its text on PostgreSQL)
+            literal = sa.literal(value, sa.Text())
+            return sa.cast(literal, table.c[name].type) if conn.dialect.name == "postgresql" else literal
+
+        values = {k: v for k, v in row.items() if k not in ("id", "inputs", "answer")}
+        new_id = conn.execute(sa.insert(table).values(**values, inputs=text("inputs", inputs),
+                                                      answer=text("answer", answer)).returning(table.c.id)).scalar_one()
+    response = client.get(f"/v1/recommendations/{new_id}")
+    assert response.status_code == 200
+    head = json.dumps({"id": new_id, "created_at": rec["created_at"], "workload_id": rec["workload_id"],
+                       "scenario": None})[:-len("null}")]
+    assert response.get_data() == (head + inputs + ", " + answer[1:]).encode()
+    assert response.get_json()["scenario"]["note"] == "café → 速い 🚀"
+
+
 def test_token_only_mode(app, client, auth):
     app.config["OPEN_RECOMMENDATIONS"] = False
     try:

@@ -503,6 +503,30 @@ def test_metrics_content_type_and_per_route_counts(client):
     assert "specadvisor_http_request_duration_seconds_bucket" in text
 
 
+
+def _count(client, labels: str) -> float:
+    match = re.search(r"specadvisor_http_requests_total\{" + re.escape(labels) + r"\} (\S+)",
+                      client.get("/metrics").get_data(as_text=True))
+    return float(match.group(1)) if match else 0.0
+
+
+def test_metrics_count_every_request_once_per_labels(client):
+    """The counter's and histogram's children are resolved once per (method, route, status) and reused: each
+    request still counts once, under its own labels; a method outside the known ones is "other", a path that
+    matches no rule "unmatched"."""
+    cases = [(lambda: client.get("/v1/recommendations/424242"),
+              'method="GET",route="/v1/recommendations/<id:rec_id>",status="404"'),
+             (lambda: client.get("/v1/recommendations/%C2%B2"),  # the id converter refuses it: no rule matched
+              'method="GET",route="unmatched",status="422"'),
+             (lambda: client.open("/v1/gpus", method="BREW"), 'method="other",route="unmatched",status="405"'),
+             (lambda: client.get("/v1/no-such-thing"), 'method="GET",route="unmatched",status="404"')]
+    for send, labels in cases:
+        before = _count(client, labels)
+        for _ in range(3):
+            send()
+        assert _count(client, labels) == before + 3, labels
+
+
 # --- time zones ---------------------------------------------------------------------------------------------
 def test_created_after_and_before_compare_instants_with_their_offsets(client):
     rec = client.post("/v1/recommendations", json=example_scenario()).get_json()
