@@ -27,25 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.service_load import Server, _request, run_load, scenario, vacuum
-
-READS = {  # the read scenarios of benchmarks/service_load.py, over ids 1..stored
-    "get": lambda rng, stored, i: _request("GET", f"/v1/recommendations/{rng.randint(1, stored)}"),
-    "list": lambda rng, stored, i: _request("GET", f"/v1/recommendations?page_size=100&page={1 + i % 10}"),
-    "list-keyset": lambda rng, stored, i: _request(
-        "GET", f"/v1/recommendations?page_size=100&after_id={rng.randint(101, stored)}"),
-}
-
-
-def _cpu_s(server: Server) -> tuple[float, float]:
-    """(user, system) CPU seconds used so far by the gunicorn workers (Linux /proc)."""
-    kids = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
-    user = system = 0
-    for pid in kids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        user, system = user + int(fields[11]), system + int(fields[12])
-    return user / os.sysconf("SC_CLK_TCK"), system / os.sysconf("SC_CLK_TCK")
+from benchmarks.service_load import READS, Server, _request, run_load, scenario, vacuum
 
 
 def _host_busy_s() -> float:
@@ -105,9 +87,9 @@ def main(args: argparse.Namespace) -> dict:
             try:
                 run_load(server.port, requests, clients=args.clients, seconds=1.0)  # warm up
                 database = envs[tree]["DATABASE_URL"].rsplit("/", 1)[1] if args.database_url else None
-                before, host, backend = _cpu_s(server), _host_busy_s(), _backend_cpu_s(database)
+                before, host, backend = server.worker_cpu_s(), _host_busy_s(), _backend_cpu_s(database)
                 result = run_load(server.port, requests, clients=args.clients, seconds=args.seconds)
-                after, n = _cpu_s(server), max(result.requests, 1)
+                after, n = server.worker_cpu_s(), max(result.requests, 1)
                 host, backend = (_host_busy_s() - host) / n * 1e3, (_backend_cpu_s(database) - backend) / n * 1e3
                 user_ms, sys_ms = ((b - a) / n * 1e3 for a, b in zip(before, after))
                 if set(result.statuses) - {expected}:  # show why (the server's log)

@@ -92,6 +92,14 @@ def _request(method: str, path: str, body: bytes | None = None) -> bytes:
     return head.encode() + b"\r\n" + (body or b"")
 
 
+READS = {  # the read scenarios' requests (rng, answers stored with ids 1..stored, request number) -> bytes
+    "get": lambda rng, stored, i: _request("GET", f"/v1/recommendations/{rng.randint(1, stored)}"),
+    "list": lambda rng, stored, i: _request("GET", f"/v1/recommendations?page_size=100&page={1 + i % 10}"),
+    "list-keyset": lambda rng, stored, i: _request(
+        "GET", f"/v1/recommendations?page_size=100&after_id={rng.randint(101, stored)}"),
+}
+
+
 # --- load generator ----------------------------------------------------------------------------------------
 @dataclass
 class LoadResult:
@@ -219,15 +227,15 @@ class Server:
                 time.sleep(0.2)
         raise RuntimeError("server did not start")
 
-    def worker_cpu_s(self) -> float:
-        """CPU seconds (user + system) used so far by the gunicorn workers (Linux /proc)."""
+    def worker_cpu_s(self) -> tuple[float, float]:
+        """(user, system) CPU seconds used so far by the gunicorn workers (Linux /proc)."""
         kids = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
-        total = 0.0
+        user = system = 0
         for pid in kids:
             with open(f"/proc/{pid}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+            user, system = user + int(fields[11]), system + int(fields[12])
+        return user / os.sysconf("SC_CLK_TCK"), system / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -450,19 +458,10 @@ def main(args: argparse.Namespace) -> int:
         vacuum(url)
         rng = random.Random(7)
         hello = lambda i: _request("GET", "/hello")  # noqa: E731
-        if "get" in chosen:
-            out.comparisons.append(compare(
-                "get", args, env, lambda i: _request("GET", f"/v1/recommendations/{rng.randint(1, args.stored)}"),
-                hello))
-        if "list" in chosen:
-            out.comparisons.append(compare(
-                "list", args, env, lambda i: _request("GET", f"/v1/recommendations?page_size=100&page={1 + i % 10}"),
-                hello))
-        if "list-keyset" in chosen:
-            out.comparisons.append(compare(
-                "list-keyset", args, env,
-                lambda i: _request("GET", f"/v1/recommendations?page_size=100&after_id={rng.randint(101, args.stored)}"),
-                hello))
+        for name, read in READS.items():
+            if name in chosen:
+                out.comparisons.append(compare(name, args, env,
+                                               lambda i, read=read: read(rng, args.stored, i), hello))
     if "duplicates" in chosen:
         out.extras["duplicates"] = duplicates(args, env)
         print(json.dumps({"duplicates": out.extras["duplicates"]}), flush=True)
