@@ -10,7 +10,11 @@ Three phases, each its own command:
                              a batch of B requests (P-token prompts, O output tokens, greedy, ignore_eos) is timed
                              for O tokens and for 1 token; decode time = the difference. vLLM's counters say how many
                              drafts were made and accepted. Engines already measured (in ``--workdir``) are skipped,
-                             so a second command continues where a time limit stopped the first.
+                             so a second command continues where a time limit stopped the first. With
+                             ``--steady``, at each B the engine instead serves B requests in flight, each one that
+                             finishes replaced at once by the next (:func:`steady_state`: a server at concurrency B,
+                             what an answer's ``concurrency`` means), then one batch that starts together, into
+                             ``steady.jsonl``; ``benchmarks/gpu_steady_state.py`` compares it with ``predict``.
 ``analyze`` (anywhere)      -- fits the calibration (``calibration.fit.fit_run``), predicts each measured point with
                              ``advisor.costmodel.predict`` (acceptance given as the synthetic per-position rates,
                              the drafting fraction as calibrated), and writes the table and summary.
@@ -277,10 +281,57 @@ def measure_groups(cases: list[EngineCase], cfg, target: str, draft: str,  # noq
     return [[by_label[item.label] for item in group] for group in start_groups(items, cfg, gpu_memory)]
 
 
+STEADY_ROUNDS = 4  # requests per slot in a steady-state run, plus STEADY_EXTRA: the window drops the first B and
+STEADY_EXTRA = 4  # the last B completions (the start together and the drain), so at least 2B + 4 remain inside it
+
+
+def steady_requests(batch: int) -> int:
+    return STEADY_ROUNDS * batch + STEADY_EXTRA
+
+
+def steady_state(llm, batch: int, prompts: Callable[[int], list], params, requests: int) -> dict:  # noqa: ANN001
+    """``batch`` requests in flight on vLLM's offline ``LLM`` (``enqueue``; its outputs are final only), each one that
+    finishes replaced at once by the next until ``requests`` were sent: a server at concurrency B, whose requests
+    desynchronise and whose new prompts ride in the others' decode steps. Each finished request's front-end finish
+    time (seconds since the start) and its engine-clock decode span (:func:`calibration.probes.engine_decode_spans_s`'s
+    first to last token), with vLLM's counters over the run."""
+    from calibration.probes import engine_decode_spans_s, read_spec_counters
+
+    engine = llm.llm_engine
+    sent: dict[str, tuple[int, float]] = {}
+    t0 = time.perf_counter()
+
+    def send(n: int) -> None:
+        n = min(n, requests - len(sent))
+        if n > 0:
+            now = time.perf_counter() - t0
+            for rid in llm.enqueue(prompts(n), params, use_tqdm=False):  # the engine's id: the front end's + "-" ...
+                sent[str(rid).split("-")[0]] = (len(sent), now)
+
+    c0 = read_spec_counters(llm)
+    send(batch)
+    done: list[dict] = []
+    while engine.has_unfinished_requests():
+        finished = [o for o in engine.step() if o.finished]
+        now = time.perf_counter() - t0
+        for o in finished:
+            index, at = sent.get(str(o.request_id).split("-")[0], (None, None))
+            span = engine_decode_spans_s([o])
+            done.append({"index": index, "sent_s": None if at is None else round(at, 6), "done_s": round(now, 6),
+                         "output_tokens": len(o.outputs[0].token_ids),
+                         "decode_span_s": round(span[0], 6) if span else None})
+        send(len(finished))
+    d = read_spec_counters(llm) - c0
+    return {"wall_s": round(time.perf_counter() - t0, 6), "requests": done, "num_drafts": d.num_drafts,
+            "num_draft_tokens": d.num_draft_tokens, "num_accepted_tokens": d.num_accepted_tokens,
+            "engine_steps": d.engine_steps, "iteration_tokens": d.iteration_tokens}
+
+
 def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: int = 1, held: int = 0,
                     quantization: str | None = None, prompt_tokens: int = PROMPT_TOKENS,
-                    batch_sizes: tuple[int, ...] = BATCH_SIZES) -> None:
-    """Child process: one engine, every batch size; one JSON line per batch size to ``out``. ``held`` > 0: one of
+                    batch_sizes: tuple[int, ...] = BATCH_SIZES, steady: bool = False) -> None:
+    """Child process: one engine, every batch size; one JSON line per batch size to ``out`` (``steady``: a
+    :func:`steady_state` run and one batch that starts together, instead of the timed batches). ``held`` > 0: one of
     that many engines starting together; report ``ready`` once started and warmed up, then wait for ``go``.
     ``quantization``: the target's vLLM quantization (e.g. "fp8"; a drafter stays bf16, as vLLM loads it).
     ``prompt_tokens``: the prompts' length (a long one puts the KV read into every step)."""
@@ -318,6 +369,14 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                         break
                 for b in batch_sizes:
                     llm.generate(_random_prompts(b, prompt_tokens, rng, repetitive=copy), many, use_tqdm=False)
+                    if steady:
+                        f.write(json.dumps(_steady_row(llm, case, label, acc, b, prompt_tokens, rng, copy, many)
+                                           | {"target": Path(target).name, "tensor_parallel_size": tp,
+                                              "quantization": quantization, "startup_s": startup,
+                                              "speculative_config": spec, "gpu_name": env.get("gpu_name"),
+                                              "vllm_version": env.get("vllm_version")}, default=str) + "\n")
+                        f.flush()
+                        continue
                     rounds = []
                     for _ in range(2):
                         t0 = time.perf_counter()
@@ -352,16 +411,42 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
         stop_engine(llm)
 
 
+def _steady_row(llm, case: EngineCase, label: str, acc: float | None, b: int, prompt_tokens: int,  # noqa: ANN001
+                rng, copy: bool, params) -> dict:  # noqa: ANN001
+    """One batch size of a ``--steady`` measurement: :func:`steady_state`, then one batch of B that starts together
+    (its wall time and each request's decode span: the drain a steady server does not have)."""
+    from calibration.probes import _random_prompts, engine_decode_spans_s, read_spec_counters
+
+    def prompts(n: int) -> list:
+        return _random_prompts(n, prompt_tokens, rng, repetitive=copy)
+
+    run = steady_state(llm, b, prompts, params, steady_requests(b))
+    c0 = read_spec_counters(llm)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts(b), params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    d = read_spec_counters(llm) - c0
+    spans = engine_decode_spans_s(outs)
+    batch = {"wall_s": round(wall, 6), "decode_spans_s": [round(x, 6) for x in spans] if spans else None,
+             "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs), "num_drafts": d.num_drafts,
+             "num_accepted_tokens": d.num_accepted_tokens, "engine_steps": d.engine_steps}
+    print(f"[{label}] B={b}: steady {len(run['requests'])} requests in {run['wall_s']:.2f} s, batch {wall:.3f} s",
+          file=sys.stderr, flush=True)
+    return {"engine": label, "method": case.method, "k": case.k, "acceptance": acc, "batch_size": b,
+            "prompt_tokens": prompt_tokens, "output_tokens": OUTPUT_TOKENS, "steady": run, "batch": batch}
+
+
 def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
             quantization: str | None = None, prompt_tokens: int = PROMPT_TOKENS,
             batch_sizes: tuple[int, ...] = BATCH_SIZES, target_name: str = TARGET,
-            dynamic_ks: tuple[int, ...] = ()) -> int:
+            dynamic_ks: tuple[int, ...] = (), steady: bool = False) -> int:
     """Measure every engine case not yet measured in ``workdir``: the engines start together (each in its own
     process, as :func:`calibration.probes.run_probes` does on a GPU), then measure one at a time. ``target_name``:
-    the catalog target whose shape is served (another than the calibration's: priced by a profile, not by it)."""
+    the catalog target whose shape is served (another than the calibration's: priced by a profile, not by it).
+    ``steady``: steady-state runs (:func:`_steady_row`) into ``steady.jsonl``."""
     from calibration.probes import HeldProcess, gpu_memory_bytes
 
-    out = workdir / "measurements.jsonl"
+    out = workdir / ("steady.jsonl" if steady else "measurements.jsonl")
     done = set()
     if out.exists():
         rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
@@ -382,7 +467,8 @@ def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: 
                               "--held", str(len(group)), "--drafter", drafter, "--target", target_name,
                               "--prompt-tokens", str(prompt_tokens),
                               "--batch-sizes", ",".join(map(str, batch_sizes))]
-                             + (["--quantization", quantization] if quantization else []), c.label) for c in group]
+                             + (["--quantization", quantization] if quantization else [])
+                             + (["--steady"] if steady else []), c.label) for c in group]
         try:
             ready = [p.wait_ready() for p in procs]
             print(f"[measure] {sum(ready)}/{len(procs)} engines started in {time.perf_counter() - t0:.0f} s",
@@ -636,7 +722,6 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
     fits (``fit_run``'s results). ``adjust``: the fitted
     ``Calibration`` -> the one to predict from (an experiment on the fit's output, benchmarks/calibration_tally.py)."""
     from advisor.costmodel import predict
-    from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
 
     rows = measurement_rows(workdir)
     target_name, drafter = measured_models(rows, records)
@@ -663,14 +748,8 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
         frac = min(1.0, drafts / steps) if steps else 0.0
         k, a = r["k"], r["acceptance"]
         copy = r["method"] == "ngram"
-        scen = Scenario(
-            gpu=gpu.name, target_model=target.name,
-            speculator=Speculator(r["method"], None if copy else draft.name, k),
-            workload=Workload(r["prompt_tokens"], r["output_tokens"], 0.0, "code", concurrency=r["batch_size"]),
-            gpu_count=tp,
-            weights_dtype=measured_weights_dtype(r),
-            acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
-                                       draft_fraction=calibrated_draft_fraction(results) if copy else None))
+        scen = point_scenario(r, gpu.name, target.name, draft.name, tp,
+                              calibrated_draft_fraction(results) if copy else None)
         calibration = cal if with_calibration or not (profile or uncalibrated) else None
         ans = predict(scen, gpu, target, None if copy else draft, calibration,
                       compare_methods=False, profile=profile).to_dict()
@@ -684,6 +763,22 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
                             sp["expected"], sp["low"], sp["high"], frac, (1 + acc / drafts) if drafts else None,
                             extra))
     return points, results
+
+
+def point_scenario(row: dict, gpu: str, target: str, draft: str, tp: int = 1, draft_fraction: float | None = None):
+    """The scenario ``predict`` prices a measured row (engine method, k, synthetic acceptance, B, prompt and output
+    lengths, weights dtype) by: B requests in flight (``concurrency``), the synthetic rates as the per-position
+    acceptance, and ``draft_fraction`` for a copy drafter."""
+    from advisor.costmodel.types import AcceptanceInput, Scenario, Speculator, Workload
+
+    k, a = row["k"], row["acceptance"]
+    copy = row["method"] == "ngram"
+    return Scenario(
+        gpu=gpu, target_model=target, speculator=Speculator(row["method"], None if copy else draft, k),
+        workload=Workload(row["prompt_tokens"], row["output_tokens"], 0.0, "code", concurrency=row["batch_size"]),
+        gpu_count=tp, weights_dtype=measured_weights_dtype(row),
+        acceptance=AcceptanceInput(per_position=tuple(a ** (i + 1) for i in range(k)),
+                                   draft_fraction=draft_fraction if copy else None))
 
 
 PROFILES_FILE = DATA_DIR / "engine_profiles.json"
@@ -879,6 +974,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=TARGET,
                         help="measure: the catalog target whose shape is served (another than the calibration's "
                              "8B is priced by --profile or --uncalibrated)")
+    parser.add_argument("--steady", action="store_true",
+                        help="measure: B requests in flight at each B, each replaced as it finishes (a server at "
+                             "concurrency B), into steady.jsonl (benchmarks/gpu_steady_state.py analyzes it)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--held", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out-json", type=Path, default=None)
@@ -919,13 +1017,14 @@ def main(args: argparse.Namespace) -> int:
     if args.phase == "measure":
         return measure(args.workdir, args.only.split(",") if args.only else None, args.tp, args.drafter,
                        args.quantization, args.prompt_tokens, batch_sizes(args.batch_sizes), args.target,
-                       batch_sizes(args.dynamic_k) if args.dynamic_k else ())
+                       batch_sizes(args.dynamic_k) if args.dynamic_k else (), args.steady)
     if args.phase == "_engine":
         target, draft = shapes(args.workdir, args.drafter, args.target)
         case = json.loads(args.case)
         _measure_engine(EngineCase(**{**case, "acceptances": tuple(case["acceptances"])}), target, draft,
-                        args.workdir / "measurements.jsonl", args.tp, args.held, args.quantization,
-                        args.prompt_tokens, batch_sizes(args.batch_sizes))
+                        args.workdir / ("steady.jsonl" if args.steady else "measurements.jsonl"), args.tp,
+                        args.held, args.quantization, args.prompt_tokens, batch_sizes(args.batch_sizes),
+                        args.steady)
         return 0
     if args.phase == "profile":
         print(json.dumps(write_profile(args.workdir.resolve(), extra=tuple(args.extra_records),

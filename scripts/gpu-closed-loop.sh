@@ -12,7 +12,8 @@
 # next start group's engine processes only once the current group is gone (ProbeConfig.prespawn_groups, on on GPUs).
 # PROMPT_TOKENS=4096 BATCHES=1,4,16,64 measure at that prompt length and those batch sizes (a long context: every
 # step reads a long KV cache). TARGET_MODEL=qwen3-32b measures that catalog target's shape (with
-# DRAFTER=qwen3-0.6b: a drafter of its vocabulary), priced by a profile.
+# DRAFTER=qwen3-0.6b: a drafter of its vocabulary), priced by a profile. STEADY=1: `measure` serves B requests in
+# flight at each B, each replaced as it finishes (steady.jsonl; benchmarks/gpu_steady_state.py).
 # Phases kv-auto, kv-fp8: the plan's target engine alone at an 8k context, decode at B = 1, 8, 32, with that KV-cache
 # dtype (benchmarks/kv_cache_dtype.py; the long steps split a profile's per-step overhead from its HBM efficiency).
 # On hosts of several GPUs, NVLink multicast stays off (shared hosts: the device's KINDS.md): NCCL's NVLS, torch's
@@ -39,7 +40,8 @@ for arg in "$@"; do
              [ -n "${TARGET_MODEL:-}" ] && cmd+=(--target "$TARGET_MODEL")
              [ -n "${QUANT:-}" ] && cmd+=(--quantization "$QUANT")
              [ -n "${PROMPT_TOKENS:-}" ] && cmd+=(--prompt-tokens "$PROMPT_TOKENS")
-             [ -n "${BATCHES:-}" ] && cmd+=(--batch-sizes "$BATCHES") ;;
+             [ -n "${BATCHES:-}" ] && cmd+=(--batch-sizes "$BATCHES")
+             [ -n "${STEADY:-}" ] && cmd+=(--steady) ;;
     draft_host) if [ -n "${DRAFTERS:-}" ]; then
                   cmd=(python3 -m benchmarks.draft_host --workdir "$W/dh" --out "$W/draft-layers.json"
                        --drafters "$DRAFTERS" --batch-sizes "${BATCHES:-1}" --starts "${STARTS:-1}"
