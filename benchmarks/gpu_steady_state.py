@@ -1,17 +1,18 @@
 """Steady state on the GPU: a server at concurrency B against ``predict``'s answer for ``concurrency: B``.
 
 The closed loop (``benchmarks/gpu_closed_loop.py``) times batches of B requests that start together. A speculative
-batch drains: its sequences accept unevenly and finish apart, so the batch runs 12-30 % more engine steps than its
-mean sequence needs (B = 4-256, every method; the stored loops' ``engine_steps``). A server whose clients send their
-next request when the last one returns never drains. This is what an answer's ``concurrency`` describes, and what
-this benchmark measures.
+batch drains: its sequences accept unevenly and finish apart, so it runs more engine steps than its mean sequence
+needs (12-30 % at B = 4-256, every method; the stored loops' ``engine_steps``). A server whose clients send their
+next request as the last one returns does not drain, but its sequences desynchronise, new prompts ride in the others'
+decode steps, and each finished slot waits a step or two for its next request. This is what an answer's
+``concurrency`` describes, and what this benchmark measures.
 
 ``measure`` (on the GPU)  -- ``gpu_closed_loop measure --steady``: per engine and synthetic acceptance, at each B,
                             B requests in flight, each replaced at once when it finishes (``steady_state``), 4B + 4
                             requests in all; then one batch of B that starts together, on the same engine.
-``analyze`` (anywhere)    -- per (engine, B): the throughput between the B-th completion and the B-th from last
-                            (the start together and the drain left out), each request's decode time per token
-                            there, and the batch's wall time; their ratios to the baseline's against ``predict``'s
+``analyze`` (anywhere)    -- per (engine, B): the throughput (B / the mean request time, of the requests sent after
+                            the first B and before the last B: the start together and the drain left out), their
+                            decode time per token, and the batch's wall time; their ratios to the baseline's against ``predict``'s
                             speedup and decode speedup (the shipped engine profile of the run's GPU × vLLM 0.24, or
                             ``--calibration RUN``'s fit).
 
@@ -36,7 +37,7 @@ if str(REPO_ROOT) not in sys.path:
 class SteadyReading:
     """One steady-state run's measures (``gpu_closed_loop.steady_state``) and its batch that started together."""
 
-    throughput_tok_s: float  # output tokens per second between the B-th completion and the B-th from last
+    throughput_tok_s: float  # output tokens per second at B in flight (Little's law over the steady window)
     decode_s_per_token: float  # mean over the requests finished there: engine-clock decode span / (tokens - 1)
     batch_wall_s: float
     draft_fraction: float | None  # share of sequence-steps that drafted (vLLM's counters over the steady run)
@@ -44,34 +45,39 @@ class SteadyReading:
 
 
 def steady_window(requests: list[dict], batch: int) -> list[dict]:
-    """The completions after the B-th and up to the B-th from last, in finish order."""
-    done = sorted(requests, key=lambda r: r["done_s"])
-    return done[batch:len(done) - batch]
+    """The requests sent after the first B (which started together) and before the last B (sent while the run's
+    end drained it): each ran with B requests in flight from its send to its finish."""
+    n = len(requests)
+    return [r for r in requests if r["index"] is not None and batch <= r["index"] < n - batch]
 
 
 def read_steady(row: dict) -> SteadyReading:
+    """A steady run's throughput by Little's law (B requests always in flight: B · O / the mean request's time from
+    its send to its finish), its decode time per token, and the batch's wall time."""
     b, run = row["batch_size"], row["steady"]
-    done = sorted(run["requests"], key=lambda r: r["done_s"])
-    inside = steady_window(done, b)
-    if len(inside) < 2:
-        raise ValueError(f"{row['engine']} B={b}: {len(done)} requests leave no steady window")
-    span_s = inside[-1]["done_s"] - done[b - 1]["done_s"]
-    tokens = sum(r["output_tokens"] for r in inside)
+    inside = steady_window(run["requests"], b)
+    if not inside:
+        raise ValueError(f"{row['engine']} B={b}: {len(run['requests'])} requests leave no steady window")
+    latency_s = statistics.fmean(r["done_s"] - r["sent_s"] for r in inside)
+    tokens = statistics.fmean(r["output_tokens"] for r in inside)
     per_token = [r["decode_span_s"] / (r["output_tokens"] - 1) for r in inside
                  if r.get("decode_span_s") is not None and r["output_tokens"] > 1]
+    done = run["requests"]
     generated = sum(r["output_tokens"] for r in done)
     steps = generated - len(done) - run["num_accepted_tokens"]
     frac = min(1.0, run["num_drafts"] / steps) if run["num_drafts"] and steps > 0 else None
     al = 1.0 + run["num_accepted_tokens"] / run["num_drafts"] if run["num_drafts"] else None
-    return SteadyReading(tokens / span_s, statistics.fmean(per_token) if per_token else float("nan"),
+    return SteadyReading(b * tokens / latency_s, statistics.fmean(per_token) if per_token else float("nan"),
                          row["batch"]["wall_s"], frac, al)
 
 
 def load_rows(workdir: Path) -> list[dict]:
-    """The steady rows; an (engine, B) measured again keeps its last row."""
+    """The steady rows (``steady.jsonl``, or gzipped as stored); an (engine, B) measured again keeps its last."""
+    import gzip
+
     path = workdir / "steady.jsonl"
-    rows = {(r["engine"], r["batch_size"]): r for r in (json.loads(x) for x in path.read_text().splitlines()
-                                                         if x.strip())}
+    text = path.read_text() if path.exists() else gzip.decompress((workdir / "steady.jsonl.gz").read_bytes()).decode()
+    rows = {(r["engine"], r["batch_size"]): r for r in (json.loads(x) for x in text.splitlines() if x.strip())}
     return list(rows.values())
 
 
