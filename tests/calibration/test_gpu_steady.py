@@ -91,3 +91,20 @@ def test_a_draft_model_in_steady_state_follows_the_host_as_in_the_closed_loop():
     assert all(abs(p.error) < 0.08 for p in own if p.batch_size >= 128)
     assert all(p.measured < 1 for p in prof) and all(p.decision in ("no-go", "calibrate") for p in prof + own)
     assert statistics.median(abs(p.error) for p in prof) == pytest.approx(0.212, abs=0.005)
+
+
+@pytest.mark.parametrize("run, by_profile, by_own", [(RUN, 11.8, 2.3), (SECOND, 13.1, 3.7)])
+def test_n_gram_in_steady_state_reads_slow_by_the_profile_and_right_by_the_lease_calibration(run, by_profile,
+                                                                                              by_own):
+    """n-gram (k = 3), two runs on one lease: the H100 profile prices it 12-13 % slow (its joint fit's long n-gram
+    cycles, docs/gpu-closed-loop.md "n-gram's own engine path"), the lease's own calibration within 2-4 %; every
+    interval covers by both, and no verdict is wrong."""
+    for calibration, stored, median in ((None, "steady-result-profile.json", by_profile),
+                                        (RUN, "steady-result.json", by_own)):
+        _, points = _summary(run, calibration, stored)
+        ngram = [p for p in points if p.method == "ngram"]
+        assert len(ngram) == 12 and all(p.low <= p.measured <= p.high for p in ngram)
+        assert 100 * statistics.median(abs(p.error) for p in ngram) == pytest.approx(median, abs=0.2)
+        assert not any((p.decision == "go") != (p.measured > 1) and p.decision != "calibrate" for p in ngram)
+        if calibration is None:
+            assert max(p.error for p in ngram) < 0.03 and statistics.fmean(p.error for p in ngram) < -0.08
