@@ -281,8 +281,8 @@ def measure_groups(cases: list[EngineCase], cfg, target: str, draft: str,  # noq
     return [[by_label[item.label] for item in group] for group in start_groups(items, cfg, gpu_memory)]
 
 
-STEADY_ROUNDS = 4  # requests per slot in a steady-state run, plus STEADY_EXTRA: the window drops the first B and
-STEADY_EXTRA = 4  # the last B completions (the start together and the drain), so at least 2B + 4 remain inside it
+STEADY_ROUNDS = 4  # requests per slot in a steady-state run, plus STEADY_EXTRA: its reading leaves out the first B
+STEADY_EXTRA = 4  # and the last B requests sent (the start together and the end's drain), 2B + 4 remain
 
 
 def steady_requests(batch: int) -> int:
@@ -293,8 +293,8 @@ def steady_state(llm, batch: int, prompts: Callable[[int], list], params, reques
     """``batch`` requests in flight on vLLM's offline ``LLM`` (``enqueue``; its outputs are final only), each one that
     finishes replaced at once by the next until ``requests`` were sent: a server at concurrency B, whose requests
     desynchronise and whose new prompts ride in the others' decode steps. Each finished request's front-end finish
-    time (seconds since the start) and its engine-clock decode span (:func:`calibration.probes.engine_decode_spans_s`'s
-    first to last token), with vLLM's counters over the run."""
+    time (seconds since the start) and its engine-clock decode span (first to last token:
+    :func:`calibration.probes.engine_decode_spans_s`), with vLLM's counters over the run."""
     from calibration.probes import engine_decode_spans_s, read_spec_counters
 
     engine = llm.llm_engine
@@ -305,7 +305,8 @@ def steady_state(llm, batch: int, prompts: Callable[[int], list], params, reques
         n = min(n, requests - len(sent))
         if n > 0:
             now = time.perf_counter() - t0
-            for rid in llm.enqueue(prompts(n), params, use_tqdm=False):  # the engine's id: the front end's + "-" ...
+            # (vLLM >= 0.24 returns its internal id: the front end's counter, "-", a random suffix)
+            for rid in llm.enqueue(prompts(n), params, use_tqdm=False):
                 sent[str(rid).split("-")[0]] = (len(sent), now)
 
     c0 = read_spec_counters(llm)
@@ -414,7 +415,7 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
 def _steady_row(llm, case: EngineCase, label: str, acc: float | None, b: int, prompt_tokens: int,  # noqa: ANN001
                 rng, copy: bool, params) -> dict:  # noqa: ANN001
     """One batch size of a ``--steady`` measurement: :func:`steady_state`, then one batch of B that starts together
-    (its wall time and each request's decode span: the drain a steady server does not have)."""
+    on the same engine (its wall time, each request's decode span and vLLM's counters)."""
     from calibration.probes import _random_prompts, engine_decode_spans_s, read_spec_counters
 
     def prompts(n: int) -> list:

@@ -12,9 +12,9 @@ decode steps, and each finished slot waits a step or two for its next request. T
                             requests in all; then one batch of B that starts together, on the same engine.
 ``analyze`` (anywhere)    -- per (engine, B): the throughput (B / the mean request time, of the requests sent after
                             the first B and before the last B: the start together and the drain left out), their
-                            decode time per token, and the batch's wall time; their ratios to the baseline's against ``predict``'s
-                            speedup and decode speedup (the shipped engine profile of the run's GPU × vLLM 0.24, or
-                            ``--calibration RUN``'s fit).
+                            decode time per token, and the batch's wall time; their ratios to the baseline's
+                            against ``predict``'s speedup and decode speedup (the shipped engine profile of the
+                            run's GPU × vLLM 0.24, or ``--calibration RUN``'s fit).
 
 Usage on the device: ``STEADY=1 scripts/gpu-closed-loop.sh measure``; here:
 ``python -m benchmarks.gpu_steady_state --workdir benchmarks/data/h100-vllm0.24-steady``.
@@ -152,7 +152,8 @@ def summarise(points: list[SteadyPoint]) -> dict:
     def med(xs: list[float]) -> float:
         return round(100 * statistics.median(abs(x) for x in xs), 1) if xs else float("nan")
 
-    wrong = sum(1 for p in points if (p.decision == "go" and p.measured < 1) or (p.decision == "no-go" and p.measured > 1))
+    wrong = sum(1 for p in points
+                if (p.decision == "go" and p.measured < 1) or (p.decision == "no-go" and p.measured > 1))
     by_method = {m: med([p.error for p in points if p.method == m]) for m in sorted({p.method for p in points})}
     return {"points": len(points), "median_abs_error_pct": med([p.error for p in points]),
             "median_abs_error_pct_by_method": by_method,

@@ -152,3 +152,21 @@ def test_a_gated_engine_process_waits_for_its_start():
     assert stream.readline() == "go\n"  # the hold's go is left for wait_for_go
     with pytest.raises(RuntimeError, match="parent ended"):
         wait_for_start(io.StringIO(""))
+
+
+def test_steady_state_keeps_b_requests_in_flight(self_draft_engine):
+    """benchmarks.gpu_closed_loop.steady_state (the GPU's steady-state runs) on the real engine: B = 2 requests in
+    flight, each replaced as it finishes, 6 in all; every request is matched to its send, none is sent before one
+    finished, and vLLM's counters cover the run."""
+    from benchmarks.gpu_closed_loop import steady_state
+    from calibration.probes import _random_prompts, _sampling
+
+    rng = random.Random(3)
+    run = steady_state(self_draft_engine.llm, 2, lambda n: _random_prompts(n, 32, rng), _sampling(0.0, 8, 0, True), 6)
+    reqs = sorted(run["requests"], key=lambda r: r["index"])
+    assert [r["index"] for r in reqs] == list(range(6))
+    assert all(r["output_tokens"] == 8 and r["decode_span_s"] is not None and r["done_s"] > r["sent_s"] for r in reqs)
+    assert reqs[0]["sent_s"] == reqs[1]["sent_s"]
+    done = sorted(r["done_s"] for r in reqs)
+    assert all(reqs[i]["sent_s"] >= done[i - 2] for i in range(2, 6))  # a slot freed before each later send
+    assert run["num_drafts"] > 0 and run["engine_steps"] > 0
