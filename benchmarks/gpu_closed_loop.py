@@ -350,11 +350,15 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
     acceptances: tuple[float | None, ...] = case.acceptances if case.method else (None,)
     llm, startup = start_engine(settings, spec)
     rng = random.Random(7)
-    copy = case.method == "ngram"
+    copy = case.method == "ngram"  # n-gram drafts only where the prompt repeats itself
+
+    def prompts(n: int) -> list:
+        return _random_prompts(n, prompt_tokens, rng, repetitive=copy)
+
     one, many = _sampling(0.0, 1, 0, False), _sampling(0.0, OUTPUT_TOKENS, 0, False)
     env = environment_info()
     try:
-        llm.generate(_random_prompts(8, prompt_tokens, rng, repetitive=copy), many, use_tqdm=False)
+        llm.generate(prompts(8), many, use_tqdm=False)
         if held:
             from calibration.probes import wait_for_go
 
@@ -369,57 +373,49 @@ def _measure_engine(case: EngineCase, target: str, draft: str, out: Path, tp: in
                         print(f"[{label}] cannot change the synthetic rates: {exc!r}", file=sys.stderr, flush=True)
                         break
                 for b in batch_sizes:
-                    llm.generate(_random_prompts(b, prompt_tokens, rng, repetitive=copy), many, use_tqdm=False)
-                    if steady:
-                        f.write(json.dumps(_steady_row(llm, case, label, acc, b, prompt_tokens, rng, copy, many)
-                                           | {"target": Path(target).name, "tensor_parallel_size": tp,
-                                              "quantization": quantization, "startup_s": startup,
-                                              "speculative_config": spec, "gpu_name": env.get("gpu_name"),
-                                              "vllm_version": env.get("vllm_version")}, default=str) + "\n")
-                        f.flush()
-                        continue
-                    rounds = []
-                    for _ in range(2):
-                        t0 = time.perf_counter()
-                        llm.generate(_random_prompts(b, prompt_tokens, rng, repetitive=copy), one, use_tqdm=False)
-                        t1 = time.perf_counter() - t0
-                        c0 = read_spec_counters(llm)
-                        t0 = time.perf_counter()
-                        outs = llm.generate(_random_prompts(b, prompt_tokens, rng, repetitive=copy), many,
-                                            use_tqdm=False)
-                        tn = time.perf_counter() - t0
-                        d = read_spec_counters(llm) - c0
-                        spans = engine_decode_spans_s(outs)  # each request's own decode time; the batch's wall
-                        # time is its slowest request's (a speculative batch drains: its sequences finish apart)
-                        rounds.append({"first_token_s": t1, "wall_s": tn,
-                                       "decode_spans_s": [round(x, 6) for x in spans] if spans else None,
-                                       "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-                                       "num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
-                                       "num_accepted_tokens": d.num_accepted_tokens,
-                                       "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
-                                       "iteration_tokens": d.iteration_tokens})
+                    llm.generate(prompts(b), many, use_tqdm=False)
                     row = {"engine": label, "target": Path(target).name, "method": case.method, "k": case.k,
                            "acceptance": acc,
                            "tensor_parallel_size": tp, "quantization": quantization,
                            "batch_size": b, "prompt_tokens": prompt_tokens, "output_tokens": OUTPUT_TOKENS,
-                           "startup_s": startup, "speculative_config": spec, "rounds": rounds,
+                           "startup_s": startup, "speculative_config": spec,
                            "gpu_name": env.get("gpu_name"), "vllm_version": env.get("vllm_version")}
+                    if steady:
+                        row.update(_steady_row(llm, label, b, prompts, many))
+                    else:
+                        rounds = []
+                        for _ in range(2):
+                            t0 = time.perf_counter()
+                            llm.generate(prompts(b), one, use_tqdm=False)
+                            t1 = time.perf_counter() - t0
+                            c0 = read_spec_counters(llm)
+                            t0 = time.perf_counter()
+                            outs = llm.generate(prompts(b), many, use_tqdm=False)
+                            tn = time.perf_counter() - t0
+                            d = read_spec_counters(llm) - c0
+                            spans = engine_decode_spans_s(outs)  # each request's own decode time; the batch's
+                            # wall time is its slowest request's (a speculative batch drains: its sequences finish
+                            # apart)
+                            rounds.append({"first_token_s": t1, "wall_s": tn,
+                                           "decode_spans_s": [round(x, 6) for x in spans] if spans else None,
+                                           "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                                           "num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
+                                           "num_accepted_tokens": d.num_accepted_tokens,
+                                           "accepted_per_pos": d.accepted_per_pos, "engine_steps": d.engine_steps,
+                                           "iteration_tokens": d.iteration_tokens})
+                        row["rounds"] = rounds
+                        dec = statistics.median(r["wall_s"] - r["first_token_s"] for r in rounds)
+                        print(f"[{label}] B={b}: decode {dec:.3f} s", file=sys.stderr, flush=True)
                     f.write(json.dumps(row, default=str) + "\n")
                     f.flush()
-                    dec = statistics.median(r["wall_s"] - r["first_token_s"] for r in rounds)
-                    print(f"[{label}] B={b}: decode {dec:.3f} s", file=sys.stderr, flush=True)
     finally:
         stop_engine(llm)
 
 
-def _steady_row(llm, case: EngineCase, label: str, acc: float | None, b: int, prompt_tokens: int,  # noqa: ANN001
-                rng, copy: bool, params) -> dict:  # noqa: ANN001
+def _steady_row(llm, label: str, b: int, prompts: Callable[[int], list], params) -> dict:  # noqa: ANN001
     """One batch size of a ``--steady`` measurement: :func:`steady_state`, then one batch of B that starts together
     on the same engine (its wall time, each request's decode span and vLLM's counters)."""
-    from calibration.probes import _random_prompts, engine_decode_spans_s, read_spec_counters
-
-    def prompts(n: int) -> list:
-        return _random_prompts(n, prompt_tokens, rng, repetitive=copy)
+    from calibration.probes import engine_decode_spans_s, read_spec_counters
 
     run = steady_state(llm, b, prompts, params, steady_requests(b))
     c0 = read_spec_counters(llm)
@@ -433,8 +429,7 @@ def _steady_row(llm, case: EngineCase, label: str, acc: float | None, b: int, pr
              "num_accepted_tokens": d.num_accepted_tokens, "engine_steps": d.engine_steps}
     print(f"[{label}] B={b}: steady {len(run['requests'])} requests in {run['wall_s']:.2f} s, batch {wall:.3f} s",
           file=sys.stderr, flush=True)
-    return {"engine": label, "method": case.method, "k": case.k, "acceptance": acc, "batch_size": b,
-            "prompt_tokens": prompt_tokens, "output_tokens": OUTPUT_TOKENS, "steady": run, "batch": batch}
+    return {"steady": run, "batch": batch}
 
 
 def measure(workdir: Path, only: list[str] | None = None, tp: int = 1, drafter: str = DRAFT,
@@ -521,7 +516,12 @@ def _wall_s(row: dict) -> float:
 
 
 def load_jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    """JSON lines of ``path``, else of its gzipped copy ``path.gz`` (how large files are stored), else none."""
+    import gzip
+
+    gz = path.with_name(path.name + ".gz")
+    text = path.read_text() if path.exists() else gzip.decompress(gz.read_bytes()).decode() if gz.exists() else ""
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
 def calibration_records(workdir: Path) -> list[dict]:
@@ -592,10 +592,10 @@ def tensor_parallel_size(records: list[dict]) -> int:
     return max(int(r["params"]["engine"].get("tensor_parallel_size") or 1) for r in records)
 
 
-def measurement_rows(workdir: Path) -> list[dict]:
-    """The measured rows; a (engine, batch size) measured again (an engine case redone after a time limit stopped
-    it) keeps its last row."""
-    rows = {(r["engine"], r["batch_size"]): r for r in load_jsonl(workdir / "measurements.jsonl")}
+def measurement_rows(workdir: Path, name: str = "measurements.jsonl") -> list[dict]:
+    """The measured rows (``name``: ``steady.jsonl`` for ``measure --steady``); a (engine, batch size) measured again
+    (an engine case redone after a time limit stopped it) keeps its last row."""
+    rows = {(r["engine"], r["batch_size"]): r for r in load_jsonl(workdir / name)}
     return list(rows.values())
 
 

@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.gpu_closed_loop import TARGET, drafter_method, shapes  # noqa: E402
+from benchmarks.gpu_closed_loop import TARGET, drafter_method, load_jsonl, shapes  # noqa: E402
 
 DRAFTER = "eagle3-llama-3.1-8b"
 PROMPT_TOKENS = 1000
@@ -352,13 +352,7 @@ METRICS = (("ttft", 50.0), ("ttft", 90.0), ("tpot", 50.0), ("tpot", 90.0))
 
 
 def load_rows(workdir: Path) -> list[dict]:
-    path = workdir / "open-loop.jsonl"
-    if not path.exists():
-        path = workdir / "open-loop.jsonl.gz"
-    import gzip
-
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(x) for x in text.splitlines() if x.strip()]
+    return load_jsonl(workdir / "open-loop.jsonl")
 
 
 def measured_draft_fraction(row: dict) -> float | None:

@@ -73,12 +73,9 @@ def read_steady(row: dict) -> SteadyReading:
 
 def load_rows(workdir: Path) -> list[dict]:
     """The steady rows (``steady.jsonl``, or gzipped as stored); an (engine, B) measured again keeps its last."""
-    import gzip
+    from benchmarks import gpu_closed_loop as gcl
 
-    path = workdir / "steady.jsonl"
-    text = path.read_text() if path.exists() else gzip.decompress((workdir / "steady.jsonl.gz").read_bytes()).decode()
-    rows = {(r["engine"], r["batch_size"]): r for r in (json.loads(x) for x in text.splitlines() if x.strip())}
-    return list(rows.values())
+    return gcl.measurement_rows(workdir, "steady.jsonl")
 
 
 @dataclass
@@ -120,8 +117,8 @@ def predict_steady(workdir: Path, calibration_dir: Path | None = None) -> list[S
 
     rows = load_rows(workdir)
     gpu_name = gcl.catalog_gpu(rows[0].get("gpu_name"))
-    drafter = gcl._model_drafter([r.get("speculative_config") for r in rows]) or gcl.DRAFT
-    gpu, target, draft = gcl.catalog_specs(drafter, gpu_name)
+    target_name, drafter = gcl.measured_models(rows, [])
+    gpu, target, draft = gcl.catalog_specs(drafter, gpu_name, target_name)
     profile, cal = None, None
     if calibration_dir is not None:
         records = gcl.calibration_records(calibration_dir)

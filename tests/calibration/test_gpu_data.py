@@ -1961,8 +1961,7 @@ def test_max_model_len_the_answer_gives_is_one_vllm_starts_with_on_the_h100():
 
 def _decode_s_by_engine(run: Path) -> dict[tuple[str, int], float]:
     """The median decode time (wall less first token) of each (engine, batch size) of a measure run."""
-    with gzip.open(run / "measurements.jsonl.gz", "rt") as f:
-        rows = [json.loads(x) for x in f if x.strip()]
+    rows = gcl.load_jsonl(run / "measurements.jsonl")  # (stored gzipped)
     return {(r["engine"], r["batch_size"]): statistics.median(x["wall_s"] - x["first_token_s"] for x in r["rounds"])
             for r in rows}
 

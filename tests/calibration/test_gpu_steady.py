@@ -38,16 +38,12 @@ def test_the_steady_window_leaves_out_the_start_together_and_the_drain():
     assert gss.read_steady(slow).throughput_tok_s == pytest.approx(b * 128 / 2.0)  # take 2 s: half the rate
 
 
-def _rows(run: Path) -> list[dict]:
-    return gss.load_rows(run)
-
-
 def test_the_runs_kept_b_requests_in_flight_and_speculation_desynchronised():
     """Every (engine, B) sent 4B + 4 requests, B at a time at the start, then one per finish; the baseline stayed in
     step (its requests finish together, 128 tokens each), the speculative engines did not (sequences accept
     unevenly)."""
     for run in (RUN, EAGLE3, SECOND):
-        for row in _rows(run):
+        for row in gss.load_rows(run):
             b, reqs = row["batch_size"], row["steady"]["requests"]
             assert len(reqs) == steady_requests(b) == STEADY_ROUNDS * b + STEADY_EXTRA
             assert sum(1 for r in reqs if r["sent_s"] == min(x["sent_s"] for x in reqs)) == b
