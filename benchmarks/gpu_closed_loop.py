@@ -501,6 +501,18 @@ class Point:
         return self.predicted / self.measured - 1.0
 
 
+def drafted_share(num_drafts: float, num_accepted: float, output_tokens: float, requests: int) -> float | None:
+    """Share of sequence-steps that drafted, from vLLM's counters: each request's first token comes from its
+    prefill, and a sequence-step yields 1 + its accepted drafts (None: no step after the first tokens)."""
+    steps = output_tokens - requests - num_accepted
+    return min(1.0, num_drafts / steps) if steps > 0 else None
+
+
+def realised_al(num_drafts: float, num_accepted: float) -> float | None:
+    """Tokens per drafting step, 1 + accepted drafts per draft (vLLM's counters)."""
+    return 1.0 + num_accepted / num_drafts if num_drafts else None
+
+
 def _decode_s(row: dict) -> float:
     return statistics.median(r["wall_s"] - r["first_token_s"] for r in row["rounds"])
 
@@ -745,8 +757,7 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
         rounds = r["rounds"]
         drafts = sum(x["num_drafts"] for x in rounds)
         acc = sum(x["num_accepted_tokens"] for x in rounds)
-        steps = sum(x["output_tokens"] - r["batch_size"] - x["num_accepted_tokens"] for x in rounds)
-        frac = min(1.0, drafts / steps) if steps else 0.0
+        frac = drafted_share(drafts, acc, sum(x["output_tokens"] for x in rounds), r["batch_size"] * len(rounds))
         k, a = r["k"], r["acceptance"]
         copy = r["method"] == "ngram"
         scen = point_scenario(r, gpu.name, target.name, draft.name, tp,
@@ -761,8 +772,7 @@ def predict_measurements(workdir: Path, records: list[dict], profile=None,  # no
         if request and base_request.get(r["batch_size"]):  # per request, not the batch's slowest
             extra["decode_per_request_measured"] = base_request[r["batch_size"]] / request
         points.append(Point(r["engine"], r["method"], k, a, r["batch_size"], measured[r["engine"], r["batch_size"]],
-                            sp["expected"], sp["low"], sp["high"], frac, (1 + acc / drafts) if drafts else None,
-                            extra))
+                            sp["expected"], sp["low"], sp["high"], frac or 0.0, realised_al(drafts, acc), extra))
     return points, results
 
 

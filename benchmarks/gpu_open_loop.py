@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.gpu_closed_loop import TARGET, drafter_method, load_jsonl, shapes  # noqa: E402
+from benchmarks.gpu_closed_loop import TARGET, drafted_share, drafter_method, load_jsonl, shapes  # noqa: E402
 
 DRAFTER = "eagle3-llama-3.1-8b"
 PROMPT_TOKENS = 1000
@@ -359,9 +359,10 @@ def measured_draft_fraction(row: dict) -> float | None:
     """Share of a sequence's decode steps that drafted, from vLLM's counters: a sequence-step yields 1 + its
     accepted drafts, and each request's first token comes from its prefill."""
     c = row["counters"]
-    steps = c.get("vllm:generation_tokens", 0.0) - c.get("vllm:spec_decode_num_accepted_tokens", 0.0) \
-        - len(row["requests"])
-    return c["vllm:spec_decode_num_drafts"] / steps if steps > 0 and "vllm:spec_decode_num_drafts" in c else None
+    if "vllm:spec_decode_num_drafts" not in c:
+        return None
+    return drafted_share(c["vllm:spec_decode_num_drafts"], c.get("vllm:spec_decode_num_accepted_tokens", 0.0),
+                         c.get("vllm:generation_tokens", 0.0), len(row["requests"]))
 
 
 def measured_ms(requests: list[dict]) -> dict[str, float]:

@@ -54,6 +54,8 @@ def steady_window(requests: list[dict], batch: int) -> list[dict]:
 def read_steady(row: dict) -> SteadyReading:
     """A steady run's throughput by Little's law (B requests always in flight: B · O / the mean request's time from
     its send to its finish), its decode time per token, and the batch's wall time."""
+    from benchmarks import gpu_closed_loop as gcl
+
     b, run = row["batch_size"], row["steady"]
     inside = steady_window(run["requests"], b)
     if not inside:
@@ -62,11 +64,9 @@ def read_steady(row: dict) -> SteadyReading:
     tokens = statistics.fmean(r["output_tokens"] for r in inside)
     per_token = [r["decode_span_s"] / (r["output_tokens"] - 1) for r in inside
                  if r.get("decode_span_s") is not None and r["output_tokens"] > 1]
-    done = run["requests"]
-    generated = sum(r["output_tokens"] for r in done)
-    steps = generated - len(done) - run["num_accepted_tokens"]
-    frac = min(1.0, run["num_drafts"] / steps) if run["num_drafts"] and steps > 0 else None
-    al = 1.0 + run["num_accepted_tokens"] / run["num_drafts"] if run["num_drafts"] else None
+    done, drafts, accepted = run["requests"], run["num_drafts"], run["num_accepted_tokens"]
+    frac = gcl.drafted_share(drafts, accepted, sum(r["output_tokens"] for r in done), len(done)) if drafts else None
+    al = gcl.realised_al(drafts, accepted)
     return SteadyReading(b * tokens / latency_s, statistics.fmean(per_token) if per_token else float("nan"),
                          row["batch"]["wall_s"], frac, al)
 
