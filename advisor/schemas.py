@@ -604,6 +604,8 @@ class AcceptanceFitSchema(StrictSchema):
     source = fields.String(validate=validate.Length(max=200))
     draft_fraction_logit = _number(-100.0, 100.0, allow_none=True)
     draft_fraction_temperature_slope = _number(-100.0, 100.0)
+    draft_fraction_output_slope = _number(-100.0, 100.0)
+    draft_fraction_output_tokens_up_to = _number(1.0, 1e7, allow_none=True)
 
     @validates_schema
     def _range_ordered(self, data: dict, **_: object) -> None:

@@ -482,19 +482,18 @@ def build_calibration(records: list[dict], gpu, target, run_id: int = 0):
     return cal, fits
 
 
-def _at_temperature(cal, temperature: float):
-    """The calibration with each acceptance model's draft fraction evaluated at ``temperature`` (the fitted
-    f(T) = sigmoid(φ0 + φ1·T); predict() reads the scalar ``draft_fraction``)."""
+def _at_temperature(cal, temperature: float, output_tokens: int):
+    """The calibration with each acceptance model's draft fraction evaluated at ``temperature`` over
+    ``output_tokens`` (the fitted f(T) = sigmoid(φ0 + φ1·T), along the output where the probes read it)."""
     from advisor.costmodel.acceptance import draft_fraction_at
 
-    acc = {k: dataclasses.replace(v, draft_fraction=draft_fraction_at(v, temperature))
+    acc = {k: dataclasses.replace(v, draft_fraction=draft_fraction_at(v, temperature, output_tokens))
            for k, v in cal.acceptance.items()}
     return dataclasses.replace(cal, acceptance=acc)
 
 
 def predict_case(case: WorkloadCase, prompt_tokens: float, gpu, target, cal) -> dict:
     from advisor.costmodel import Scenario, Speculator, Workload, predict
-    from advisor.costmodel.acceptance import draft_fraction_at
 
     from calibration.fit import al_of
 
@@ -506,7 +505,7 @@ def predict_case(case: WorkloadCase, prompt_tokens: float, gpu, target, cal) -> 
                                           output_tokens=case.output_tokens, temperature=case.temperature,
                                           structure=case.structure, concurrency=case.concurrency),
                         weights_dtype="bf16")
-    cal_t = _at_temperature(cal, case.temperature)
+    cal_t = _at_temperature(cal, case.temperature, case.output_tokens)
     pred = predict(scenario, gpu, target, draft, cal_t, compare_methods=False).to_dict()
     from advisor.costmodel import acceptance_key
 
@@ -516,7 +515,7 @@ def predict_case(case: WorkloadCase, prompt_tokens: float, gpu, target, cal) -> 
         "speedup": pred["speedup"]["expected"], "low": pred["speedup"]["low"], "high": pred["speedup"]["high"],
         "tpot_base": pred["tpot_ms"]["baseline"], "tpot_spec": pred["tpot_ms"]["speculative"],
         "al": al_of(acc, case.temperature, case.k) if acc else pred["acceptance"]["mean_acceptance_length"],
-        "draft_fraction": draft_fraction_at(acc, case.temperature) if acc else pred["acceptance"]["draft_fraction"],
+        "draft_fraction": pred["acceptance"]["draft_fraction"],
         "decision": pred["decision"], "acceptance_source": pred["acceptance"]["source"],
     }
 

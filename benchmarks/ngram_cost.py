@@ -211,7 +211,8 @@ def slower_rows(run_dir: Path, factor: float) -> list:
     runs = json.loads((run_dir / "runs.json").read_text())
     rows = []
     for mode in sorted({r["mode"] for r in runs.values()}):
-        spec = serving.spec_decode(cal, serving.request_pmfs(records)) if mode == "ngram" else None
+        longest = max(max(r["output_lens"]) for r in runs.values())  # the runs' --output-len
+        spec = serving.spec_decode(cal, longest, serving.request_pmfs(records)) if mode == "ngram" else None
         probe = {int(c): v for c, v in json.loads((run_dir / f"probe-{mode}.json").read_text()).items()}
         slow_cal, frontend = slower_host(cal, serving.fit_frontend(probe, gpu, target, cal, spec), factor)
         for run in (r for r in runs.values() if r["mode"] == mode):

@@ -325,16 +325,16 @@ def request_pmfs(records: list[dict]) -> tuple[tuple[float, ...], ...]:
     return tuple(out)
 
 
-def spec_decode(cal, pmfs: tuple[tuple[float, ...], ...] = ()):
-    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0 and,
-    where measured, each prompt's own (``pmfs``: a request draws one)."""
+def spec_decode(cal, output_tokens: int, pmfs: tuple[tuple[float, ...], ...] = ()):
+    """n-gram (k = 4) as the simulation sees it: the calibration's acceptance on our code prompts at T = 0 over
+    ``output_tokens`` and, where measured, each prompt's own (``pmfs``: a request draws one)."""
     from advisor.costmodel import acceptance_key
     from advisor.costmodel.acceptance import draft_fraction_at, per_position_rates
     from advisor.costmodel.simulate import SpecDecode
 
     acc = cal.acceptance[acceptance_key("ngram", None, STRUCTURE)]
-    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)), draft_fraction_at(acc, 0.0),
-                      request_pmfs=pmfs)
+    return SpecDecode("ngram", K, tuple(float(x) for x in per_position_rates(acc, 0.0, K)),
+                      draft_fraction_at(acc, 0.0, output_tokens), request_pmfs=pmfs)
 
 
 SIM_REPLICATES = 8  # the simulation's draws of the drafts each request accepts, pooled (speculative runs)
@@ -684,7 +684,8 @@ def run(args: argparse.Namespace) -> ServingResult:
         runs = measure(args, workdir, model)
         phase["measure"] = time.perf_counter() - t
     frontend: dict[str, dict[str, float]] = {}
-    specs = {mode: spec_decode(cal, () if args.pooled_acceptance else request_pmfs(records)) if mode == "ngram"
+    specs = {mode: spec_decode(cal, args.output_len, () if args.pooled_acceptance else request_pmfs(records))
+             if mode == "ngram"
              else None for mode in {r["mode"] for r in runs.values()}}
     for mode in sorted(specs):
         probe_path = workdir / f"probe-{mode}.json"

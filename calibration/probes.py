@@ -176,6 +176,7 @@ class AcceptanceMeasurement:
     per_position_rate: list[float]  # r_i = a_i / N
     drafted_fraction: float | None  # N / decode steps
     engine: dict = field(default_factory=dict)
+    max_tokens: int | None = None  # the generation's budget per prompt (a checkpoint's, for "acceptance_checkpoint")
     # per prompt, where vLLM reports it (--per-request-spec-decode-metrics): [decode steps, steps that drafted,
     # draft tokens, accepted-count histogram j = 0..k over the steps that drafted]
     per_request: list = field(default_factory=list)
@@ -221,6 +222,7 @@ class CalibrationResult:
     acceptance: list[AcceptanceMeasurement] = field(default_factory=list)
     host_speed: list[HostSpeedMeasurement] = field(default_factory=list)
     errors: list[ProbeError] = field(default_factory=list)
+    acceptance_checkpoints: list[AcceptanceMeasurement] = field(default_factory=list)
 
     def add(self, m: Any) -> None:
         {
@@ -228,11 +230,13 @@ class CalibrationResult:
             "step_time": self.step_timings,
             "prefill": self.prefill_timings,
             "acceptance": self.acceptance,
+            "acceptance_checkpoint": self.acceptance_checkpoints,
             "host_speed": self.host_speed,
         }[m.probe].append(m)
 
     def measurements(self) -> list[Any]:
-        return [*self.memory, *self.step_timings, *self.prefill_timings, *self.acceptance, *self.host_speed]
+        return [*self.memory, *self.step_timings, *self.prefill_timings, *self.acceptance,
+                *self.acceptance_checkpoints, *self.host_speed]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -403,7 +407,11 @@ class ProbeConfig:
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
     prompts_per_probe: int = 12
     max_tokens: int = 128
-    output_checkpoints: tuple[int, ...] = ()  # copy drafters: acceptance also after this many output tokens
+    # copy drafters (n-gram, suffix): each acceptance cell generated again, on the same prompts and seed, stopped after
+    # this many output tokens ("acceptance_checkpoint" records): the share of steps that drafted grows with how much
+    # output there is to copy from (SmolLM2, code, n-gram k = 4: 7 % of the steps over 32 tokens, 18 % over 114),
+    # and the fit reads it against the output's length. None: half of max_tokens; (): none
+    output_checkpoints: tuple[int, ...] | None = None
     chat: bool = True  # apply the tokenizer's chat template (instruct models)
     prompts_file: str | None = None  # user's JSONL {"structure", "prompt"}; replaces ours
 
@@ -1009,12 +1017,24 @@ def text_batch(llm, prompts: dict[str, list[str]], batch_size: int, cfg: ProbeCo
     return format_prompts(llm, pool[:batch_size], cfg.chat)
 
 
+def output_checkpoints(cfg: ProbeConfig, drafter: DrafterSpec) -> tuple[int, ...]:
+    """The output lengths at which a copy drafter's acceptance cells are also read (``ProbeConfig.output_checkpoints``);
+    none for model drafters, whose drafts do not depend on how much output there is to copy."""
+    if drafter.method not in ("ngram", "suffix"):
+        return ()
+    marks = (cfg.max_tokens // 2,) if cfg.output_checkpoints is None else cfg.output_checkpoints
+    return tuple(sorted({c for c in marks if 1 < c < cfg.max_tokens}))
+
+
 def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: float, prompts: list[str],
-                       cfg: ProbeConfig, engine: dict, env: dict) -> AcceptanceMeasurement:
-    """Generate ``prompts`` with the drafter on, and read the counters' differences."""
+                       cfg: ProbeConfig, engine: dict, env: dict, max_tokens: int | None = None,
+                       probe: str = "acceptance") -> AcceptanceMeasurement:
+    """Generate ``prompts`` with the drafter on, and read the counters' differences; ``max_tokens`` (default
+    ``cfg.max_tokens``) and ``probe`` for a checkpoint's generation (:func:`output_checkpoints`)."""
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=temperature, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    max_tokens = max_tokens or cfg.max_tokens
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=cfg.seed)
     texts = format_prompts(llm, prompts, cfg.chat)
     before = read_spec_counters(llm)
     wall, outs = _timed_generate(llm, texts, params)
@@ -1031,7 +1051,7 @@ def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: f
             per_request.append([max(len(o.outputs[0].token_ids) - 1 - accepted, 0), sum(sdm.histogram),
                                 sdm.num_draft_tokens, list(sdm.histogram)])
     return AcceptanceMeasurement(
-        probe="acceptance", label=drafter.name(), method=drafter.method,
+        probe=probe, label=drafter.name(), method=drafter.method,
         drafter=None if drafter.method in ("ngram", "suffix") else (drafter.model or "self"), k=drafter.k,
         structure=structure, temperature=float(temperature), num_prompts=len(prompts),
         output_tokens=out_tokens, wall_s=round(wall, 4),
@@ -1041,7 +1061,7 @@ def measure_acceptance(llm, drafter: DrafterSpec, structure: str, temperature: f
         acceptance_rate=(d.num_accepted_tokens / d.num_draft_tokens) if d.num_draft_tokens else None,
         per_position_rate=[a / n for a in d.accepted_per_pos] if n else [],
         drafted_fraction=min(1.0, n / steps) if steps else None,
-        engine=engine, environment=env, per_request=per_request,
+        engine=engine, environment=env, per_request=per_request, max_tokens=max_tokens,
     )
 
 
@@ -1220,10 +1240,17 @@ def run_task(llm, item: EnginePlan, task: tuple, cfg: ProbeConfig, engine: dict,
     elif task[0] == "accept":
         _, s, t = task
         drafter = {d.name(): d for d in cfg.drafters}[item.drafter]
-        m = measure_acceptance(llm, drafter, s, t, prompts[s][: cfg.prompts_per_probe], cfg, engine, env)
+        cell = prompts[s][: cfg.prompts_per_probe]
+        m = measure_acceptance(llm, drafter, s, t, cell, cfg, engine, env)
         emit(m)
         al = f"{m.acceptance_length:.2f}" if m.acceptance_length else "-"
-        tick(f"{item.label}: {s} T={t} AL {al}")
+        shares = []
+        for c in output_checkpoints(cfg, drafter):
+            mark = measure_acceptance(llm, drafter, s, t, cell, cfg, engine, env, c, "acceptance_checkpoint")
+            emit(mark)
+            shares.append(f"{mark.drafted_fraction or 0:.2f} by {c}")
+        drafted = f"; drafted {', '.join(shares)}, {m.drafted_fraction or 0:.2f} by {cfg.max_tokens}" if shares else ""
+        tick(f"{item.label}: {s} T={t} AL {al}{drafted}")
 
 
 def run_engine(item: EnginePlan, cfg: ProbeConfig, env: dict, prompts: dict[str, list[str]],
@@ -1315,7 +1342,8 @@ def run_engines_together(plan: list[EnginePlan], cfg: ProbeConfig, env: dict, pr
 
 
 MEASUREMENT_TYPES = {"memory": MemoryMeasurement, "step_time": StepTiming, "prefill": PrefillTiming,
-                     "acceptance": AcceptanceMeasurement, "host_speed": HostSpeedMeasurement}
+                     "acceptance": AcceptanceMeasurement, "acceptance_checkpoint": AcceptanceMeasurement,
+                     "host_speed": HostSpeedMeasurement}
 
 
 def measurement_from_dict(data: dict) -> Any:

@@ -26,6 +26,8 @@ DRAFT_FRACTION_LOGIT_STD = 0.7
 # logit(drafted fraction) and ln(AL) correlate at 0.87; between the probe set and the held-out workloads (7 n-gram
 # workloads) at 0.80 (docs/closed-loop.md, "Drafting and acceptance move together").
 DRAFT_FRACTION_ACCEPTANCE_CORR = 0.8
+# A copy drafter's drafting fraction over an output of O tokens is referred to O = 64 (draft_fraction_at).
+DRAFT_FRACTION_REF_TOKENS = 64.0
 
 
 def expected_tokens_iid(alpha: float, k: int) -> float:
@@ -79,12 +81,18 @@ def per_position_rates(model: AcceptanceModel, temperature: float, k: int = MAX_
     return conditional.cumprod(axis=-1)
 
 
-def draft_fraction_at(model: AcceptanceModel, temperature: float) -> float:
-    """Fraction of decode steps that draft at ``temperature``: sigmoid(φ0 + φ1·T) for calibrated copy drafters
-    (``draft_fraction_logit`` set), else the constant ``draft_fraction``."""
+def draft_fraction_at(model: AcceptanceModel, temperature: float, output_tokens: float | None = None) -> float:
+    """Fraction of an output's decode steps that draft at ``temperature``: sigmoid(φ0 + φ1·T) for calibrated copy
+    drafters (``draft_fraction_logit`` set), else the constant ``draft_fraction``; with the probes' output
+    checkpoints, + φ2·ln(O / 64) for an output of O = ``output_tokens`` tokens, O read at most at
+    ``draft_fraction_output_tokens_up_to`` (calibration.fit: twice the longest output the probes generated)."""
     if model.draft_fraction_logit is None:
         return float(model.draft_fraction)
-    return float(sigmoid(np.asarray(model.draft_fraction_logit + model.draft_fraction_temperature_slope * temperature)))
+    logit_f = model.draft_fraction_logit + model.draft_fraction_temperature_slope * temperature
+    if model.draft_fraction_output_slope and output_tokens:
+        tokens = min(float(output_tokens), model.draft_fraction_output_tokens_up_to or float(output_tokens))
+        logit_f += model.draft_fraction_output_slope * math.log(tokens / DRAFT_FRACTION_REF_TOKENS)
+    return float(sigmoid(np.asarray(logit_f)))
 
 
 def sample_coefficients(model: AcceptanceModel, samples: int, rng: np.random.Generator) -> np.ndarray:

@@ -252,9 +252,10 @@ def tokens_per_engine_second(model: StepModel, spec: SpecDecode | None, batch: f
     return b * per_cycle / clock(b, b * ctx, 0.0, 0.0, 0.0)
 
 
-def _spec_decode(cand: SpeculatorCandidate, k: int, temperature: float) -> SpecDecode:
-    r = per_position_rates(cand.acceptance, temperature, k)
-    return SpecDecode(cand.method, k, tuple(float(x) for x in r), draft_fraction_at(cand.acceptance, temperature))
+def _spec_decode(cand: SpeculatorCandidate, k: int, plan: PlanInput) -> SpecDecode:
+    r = per_position_rates(cand.acceptance, plan.temperature, k)
+    return SpecDecode(cand.method, k, tuple(float(x) for x in r),
+                      draft_fraction_at(cand.acceptance, plan.temperature, plan.output_tokens))
 
 
 # ----------------------------------------------------------------------------------------------- the plan
@@ -338,7 +339,7 @@ def _options_for(plan: PlanInput, offer: GpuOffer, tp: int) -> list[dict[str, An
             continue
         engine = mode_of(plan, offer, tp, cand)
         for k in ([kmax] if kmax else range(1, MAX_K + 1)):
-            mode = replace(engine, spec=_spec_decode(cand, k, plan.temperature), cache={})
+            mode = replace(engine, spec=_spec_decode(cand, k, plan), cache={})
             gain = tokens_per_engine_second(mode.model, mode.spec, op_batch, mean_ctx) / base_tps
             if gain > chosen_gain:
                 chosen, chosen_gain = (cand, mode), gain
@@ -380,7 +381,7 @@ def mode_of(plan: PlanInput, offer: GpuOffer, tp: int, cand: SpeculatorCandidate
     limits = EngineLimits(kv_capacity_tokens(smem.kv_space_gb, smem.kv_bytes_per_token_target,
                                              smem.kv_bytes_per_token_draft), plan.max_num_seqs,
                           plan.max_num_batched_tokens)
-    return _Mode(smodel, limits, _spec_decode(cand, k, plan.temperature) if k else None)
+    return _Mode(smodel, limits, _spec_decode(cand, k, plan) if k else None)
 
 
 def _spec_name(cand: SpeculatorCandidate) -> str:

@@ -539,12 +539,12 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
     k_max = _k_max(ctx)
     ks = np.arange(1, k_max + 1) if k is None else np.array([k])
     width = k_max if k is None else k  # r_i for i < k suffice; cumprod is a prefix scan, so values are unchanged
-    temperature = ctx.scenario.workload.temperature
+    temperature, output_tokens = ctx.scenario.workload.temperature, ctx.scenario.workload.output_tokens
     if samples == 1 and compared:  # point estimate of the scenario's method (row 0) and the compared methods
         accs = (acc,) + tuple(a for _, a in compared)
         coeffs = np.array([[a.logit_intercept, a.logit_position_slope, a.logit_temperature_slope] for a in accs])
         r = per_position_rates(acc, temperature, width, coeffs)  # row m from coeffs[m]
-        fraction = np.array([draft_fraction_at(a, temperature) for a in accs])
+        fraction = np.array([draft_fraction_at(a, temperature, output_tokens) for a in accs])
         setups = (setup,) + tuple(c for c, _ in compared)
         # each row's target steps on its drafter's engine path, as its own answer prices them: rows that share a
         # target fit are evaluated together (one pass where nothing was timed)
@@ -565,7 +565,7 @@ def _grid(ctx: Context, setup: CycleSetup, acc: AcceptanceModel, batch: np.ndarr
         coeffs = _mc_coefficients(acc, z_acc)
         r = per_position_rates(acc, temperature, width, coeffs)
         step = _mc_step_samples(ctx.target_step, ctx.draft_step, samples)
-    fraction = np.full(samples, draft_fraction_at(acc, temperature))
+    fraction = np.full(samples, draft_fraction_at(acc, temperature, output_tokens))
     if samples > 1 and setup.method in COPY_DRAFTERS and not ctx.draft_fraction_given:
         fraction = sample_draft_fraction(float(fraction[0]), z_over[:, 4], z_acc[:, 0])  # row 0 stays the point
     return evaluate_grid(setup, batch, ks, r, fraction, step)
@@ -984,7 +984,7 @@ def _assemble(ctx: Context, grid: Grid, curve_pct: np.ndarray, batch: np.ndarray
                     "verify_to_decode_ratio": verify_ratio},
         "acceptance": {"mean_acceptance_length": al, "per_position": [float(x) for x in r],
                        "acceptance_rate": float((al - 1.0) / k), "tokens_per_cycle": tokens_per_cycle,
-                       "draft_fraction": draft_fraction_at(ctx.acceptance, w.temperature),
+                       "draft_fraction": draft_fraction_at(ctx.acceptance, w.temperature, w.output_tokens),
                        "temperature": w.temperature, "source": acc_source},
         "memory": {**mem.to_dict(), "kv_space_gb": mem.kv_space_gb, "deployable": True},
         "curve": curve,

@@ -268,6 +268,11 @@ class AcceptanceModel:
     # f(T) = sigmoid(draft_fraction_logit + draft_fraction_temperature_slope·T); None = the constant draft_fraction.
     draft_fraction_logit: float | None = None
     draft_fraction_temperature_slope: float = 0.0
+    # ... and over a longer output more of its steps draft (more output to copy from): the share of an output's steps
+    # that drafted, + draft_fraction_output_slope · ln(output tokens / DRAFT_FRACTION_REF_TOKENS), from the probes'
+    # output checkpoints, read up to draft_fraction_output_tokens_up_to (twice the longest output they generated).
+    draft_fraction_output_slope: float = 0.0
+    draft_fraction_output_tokens_up_to: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -228,6 +228,7 @@ def findings(measurements: list[dict[str, Any]]) -> list[str]:
     out.extend(_drained_cycles(recs))
     out.extend(_co_scheduling(recs))
     out.extend(_host_speed(recs))
+    out.extend(_drafting_along_the_output(recs))
     for name, series in acceptance_series(measurements).items():
         if len(series) > 1 and all(s.measured for s in series):
             best = max(series, key=lambda s: s.measured[0])
@@ -256,6 +257,36 @@ def fit_findings(fits: list[dict[str, Any]], hardware: str, gpu: GpuSpec | None 
 
 
 HOST_SPEED_SWING_NOTE = 1.2  # p95 / p5 of the host's core speed above which the page says what it moves
+
+
+def _drafting_along_the_output(recs: list[Record]) -> list[str]:
+    """A copy drafter's share of steps that drafted over its output checkpoint's tokens and over the whole
+    generation, per structure at the lowest temperature measured (the same cells, stopped early)."""
+    def cell(r: Record) -> tuple:
+        v = r.values
+        return v.get("label"), v.get("structure"), v.get("temperature")
+
+    def share(r: Record) -> tuple[float, float] | None:
+        v = r.values
+        steps, drafts, tokens, prompts = (v.get(k) for k in ("decode_steps", "num_drafts", "output_tokens",
+                                                               "num_prompts"))
+        if not all(is_number(x) and x > 0 for x in (steps, tokens, prompts)) or not is_number(drafts):
+            return None
+        return tokens / prompts, min(drafts / steps, 1.0)
+
+    full = {cell(r): share(r) for r in recs if r.probe == "acceptance"}
+    parts: dict[tuple, list[str]] = {}
+    for r in sorted((r for r in recs if r.probe == "acceptance_checkpoint"), key=lambda r: str(cell(r))):
+        label, structure, temperature = cell(r)
+        early, late = share(r), full.get(cell(r))
+        if early is None or late is None or not is_number(temperature) or temperature != min(
+                t for (lbl, _, t) in full if lbl == label and is_number(t)):
+            continue
+        parts.setdefault((label, temperature), []).append(
+            f"{structure} {early[1]:.0%} over {early[0]:.0f} tokens, {late[1]:.0%} over {late[0]:.0f}")
+    return [f"{label}'s share of steps that drafted, by output length (T = {temperature:g}, the same prompts "
+            f"stopped early): {'; '.join(items)}. Answers read the share at the workload's output length."
+            for (label, temperature), items in parts.items()]
 
 
 def _host_speed(recs: list[Record]) -> list[str]:

@@ -99,7 +99,7 @@ def test_a_third_host_misses_only_json_b3s_sign_on_its_drafted_fraction():
     cal, _ = closed_loop.build_calibration(records, gpu, target)
     case = next(c for c in closed_loop.workloads() if c.name == "json-b3")
     acc = {k: dataclasses.replace(v, draft_fraction=json_b3.measured_draft_fraction, draft_fraction_logit=None)
-           for k, v in closed_loop._at_temperature(cal, case.temperature).acceptance.items()}
+           for k, v in closed_loop._at_temperature(cal, case.temperature, case.output_tokens).acceptance.items()}
     at_measured_f = closed_loop.predict_case(dataclasses.replace(case, output_tokens=json_b3.output_tokens),
                                              json_b3.prompt_tokens, gpu, target,
                                              dataclasses.replace(cal, acceptance=acc))

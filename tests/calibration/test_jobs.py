@@ -88,6 +88,12 @@ def test_calibration_through_rq_worker_feeds_recommendations(smollm2_path, tmp_p
     fits = {(f["kind"], f["key"]) for f in run["fits"]}
     assert ("step_time", "smollm2-135m-instruct") in fits and ("prefill", "smollm2-135m-instruct") in fits
     assert {("acceptance", "ngram||sql"), ("acceptance", "ngram||json")} <= fits
+    # n-gram's cells also stopped at their output checkpoint (16 of 32 tokens), read by its acceptance fits
+    marks = [m for m in run["measurements"] if m["probe"] == "acceptance_checkpoint"]
+    cells = [m for m in run["measurements"] if m["probe"] == "acceptance"]
+    assert len(marks) == len(cells) >= 4 and {m["values"]["max_tokens"] for m in marks} == {16}
+    sql = next(f for f in run["fits"] if (f["kind"], f["key"]) == ("acceptance", "ngram||sql"))["params"]
+    assert sql["draft_fraction_output_tokens_up_to"] > 16
 
     answer = client.post("/v1/recommendations", json=scenario).get_json()
     assert answer["calibration_run_id"] == run["id"]

@@ -66,6 +66,20 @@ class _FakeLLM:
         self.llm_engine = type("E", (), {"vllm_config": cfg})()
 
 
+def test_copy_drafters_are_read_at_output_checkpoints():
+    """Half the generation by default for n-gram and suffix, none for drafters whose drafts do not copy; the
+    checkpoint records travel as their own probe."""
+    cfg = probes.ProbeConfig(max_tokens=128)
+    assert probes.output_checkpoints(cfg, probes.DrafterSpec("ngram", 4)) == (64,)
+    assert probes.output_checkpoints(cfg, probes.DrafterSpec("suffix", 4)) == (64,)
+    assert probes.output_checkpoints(cfg, probes.DrafterSpec("draft_model", 4, model="self")) == ()
+    chosen = dataclasses.replace(cfg, output_checkpoints=(200, 32, 1, 64, 32))
+    assert probes.output_checkpoints(chosen, probes.DrafterSpec("ngram", 4)) == (32, 64)
+    none = dataclasses.replace(cfg, output_checkpoints=())
+    assert probes.output_checkpoints(none, probes.DrafterSpec("ngram", 4)) == ()
+    assert probes.MEASUREMENT_TYPES["acceptance_checkpoint"] is probes.AcceptanceMeasurement
+
+
 def test_failed_run_keeps_measurements(monkeypatch, tmp_path):
     starts = []
 

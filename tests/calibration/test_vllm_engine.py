@@ -43,6 +43,22 @@ def test_self_drafting_at_temperature_08_accepts_with_the_cpu_fix(self_draft_eng
     assert m.acceptance_rate > 0.6
 
 
+def test_a_checkpoint_is_the_same_generation_stopped_early(self_draft_engine):
+    """An output checkpoint (the probe plan's second generation of a copy drafter's cell) reruns the cell's prompts
+    with the same seed, stopped after fewer tokens: its counters are those of the full generation's first part, so
+    the differences the fit reads (steps and drafts over the later tokens) are not negative."""
+    from calibration.probes import environment_info, measure_acceptance
+
+    e = self_draft_engine
+    full = _acceptance(e, 0.0)
+    mark = measure_acceptance(e.llm, e.drafter, "code", 0.0, CODE_PROMPTS, e.config, e.engine, environment_info(),
+                              e.config.max_tokens // 2, "acceptance_checkpoint")
+    assert (mark.probe, mark.max_tokens, full.max_tokens) == ("acceptance_checkpoint", e.config.max_tokens // 2,
+                                                               e.config.max_tokens)
+    assert 0 < mark.output_tokens <= len(CODE_PROMPTS) * mark.max_tokens < full.output_tokens
+    assert 0 < mark.decode_steps < full.decode_steps and 0 < mark.num_drafts <= full.num_drafts
+
+
 def test_memory_probe_reads_kv_capacity(self_draft_engine):
     from calibration.probes import environment_info, measure_memory
 

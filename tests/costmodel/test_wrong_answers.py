@@ -155,6 +155,29 @@ def test_method_comparison_does_not_change_the_answer(gpus, models, make_scenari
         assert with_cmp[key] == without[key], key
 
 
+def test_a_longer_output_drafts_more_where_the_calibration_read_it(gpus, models, make_scenario):
+    """An n-gram fit with an output slope (the probes' output checkpoints): the answer's drafting fraction is the
+    fit's over the workload's output, the same in the point grid, the interval and the methods compared; a longer
+    output drafts more and speeds up more. Read at most at the fit's limit."""
+    from advisor.costmodel.acceptance import draft_fraction_at
+
+    fit = dataclasses.replace(prior_acceptance("ngram", "code"), draft_fraction_logit=-2.0,
+                              draft_fraction_output_slope=0.9, draft_fraction_output_tokens_up_to=230.0,
+                              source="calibration")
+    cal = _cal({cm.acceptance_key("ngram", None, "code"): fit})
+    answers = {}
+    for tokens in (32, 128, 230, 2048):
+        sc = make_scenario(method="ngram", draft_model=None, acceptance=None, structure="code", output_tokens=tokens,
+                           num_speculative_tokens=4, concurrency=1)
+        answers[tokens] = _predict(gpus, models, sc, calibration=cal)
+        assert answers[tokens]["acceptance"]["draft_fraction"] == pytest.approx(draft_fraction_at(fit, 0.0, tokens))
+        again = _predict(gpus, models, sc, calibration=cal, compare_methods=False)
+        assert answers[tokens]["speedup"] == again["speedup"]
+    shares = [answers[t]["acceptance"]["draft_fraction"] for t in (32, 128, 230, 2048)]
+    assert shares[0] < shares[1] < shares[2] == shares[3]
+    assert answers[32]["speedup"]["decode"] < answers[128]["speedup"]["decode"] < answers[230]["speedup"]["decode"]
+
+
 # --- acceptance words -----------------------------------------------------------------------------------------
 def test_acceptance_words_follow_vllm(gpus, models, make_scenario):
     """AL (in and out) = 1 + A/N over drafting steps; acceptance_rate = A/D; tokens per cycle carries the drafting
