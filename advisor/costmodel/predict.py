@@ -290,7 +290,9 @@ def _acceptance(s: Scenario, target: ModelSpec, draft: ModelSpec | None, calibra
         if method in COPY_DRAFTERS:  # a stated AL counts drafted steps only: how often a copy drafter finds a
             model = dataclasses.replace(model, draft_fraction=base.draft_fraction,  # match comes from calibration
                                         draft_fraction_logit=base.draft_fraction_logit,  # or prior
-                                        draft_fraction_temperature_slope=base.draft_fraction_temperature_slope)
+                                        draft_fraction_temperature_slope=base.draft_fraction_temperature_slope,
+                                        draft_fraction_output_slope=base.draft_fraction_output_slope,
+                                        draft_fraction_output_tokens_up_to=base.draft_fraction_output_tokens_up_to)
     elif source.startswith("calibration"):  # measured on the probe prompts; the workload's prompts accept a little
         model = with_transfer_spread(base)  # differently
     else:

@@ -176,6 +176,10 @@ def test_a_longer_output_drafts_more_where_the_calibration_read_it(gpus, models,
     shares = [answers[t]["acceptance"]["draft_fraction"] for t in (32, 128, 230, 2048)]
     assert shares[0] < shares[1] < shares[2] == shares[3]
     assert answers[32]["speedup"]["decode"] < answers[128]["speedup"]["decode"] < answers[230]["speedup"]["decode"]
+    # a stated AL counts the drafting steps only: how often n-gram drafts still comes from the calibration
+    stated = make_scenario(method="ngram", draft_model=None, structure="code", output_tokens=32,
+                           acceptance=cm.AcceptanceInput(mean_acceptance_length=2.5), num_speculative_tokens=4)
+    assert _predict(gpus, models, stated, calibration=cal)["acceptance"]["draft_fraction"] == pytest.approx(shares[0])
 
 
 # --- acceptance words -----------------------------------------------------------------------------------------
