@@ -210,8 +210,8 @@ def slower_rows(run_dir: Path, factor: float) -> list:
     kv_tokens = serving.kv_tokens_of(records)
     runs = json.loads((run_dir / "runs.json").read_text())
     rows = []
+    longest = max(max(r["output_lens"]) for r in runs.values())  # the runs' --output-len
     for mode in sorted({r["mode"] for r in runs.values()}):
-        longest = max(max(r["output_lens"]) for r in runs.values())  # the runs' --output-len
         spec = serving.spec_decode(cal, longest, serving.request_pmfs(records)) if mode == "ngram" else None
         probe = {int(c): v for c, v in json.loads((run_dir / f"probe-{mode}.json").read_text()).items()}
         slow_cal, frontend = slower_host(cal, serving.fit_frontend(probe, gpu, target, cal, spec), factor)

@@ -684,9 +684,9 @@ def run(args: argparse.Namespace) -> ServingResult:
         runs = measure(args, workdir, model)
         phase["measure"] = time.perf_counter() - t
     frontend: dict[str, dict[str, float]] = {}
-    specs = {mode: spec_decode(cal, args.output_len, () if args.pooled_acceptance else request_pmfs(records))
-             if mode == "ngram"
-             else None for mode in {r["mode"] for r in runs.values()}}
+    pmfs = () if args.pooled_acceptance else request_pmfs(records)
+    specs = {mode: spec_decode(cal, args.output_len, pmfs) if mode == "ngram" else None
+             for mode in {r["mode"] for r in runs.values()}}
     for mode in sorted(specs):
         probe_path = workdir / f"probe-{mode}.json"
         if probe_path.exists():

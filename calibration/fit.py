@@ -667,9 +667,12 @@ def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, str
                    drafter_label: str | None = None) -> FitResult:
     """Fit the ``AcceptanceModel`` of (method, drafter, structure) to acceptance records of that structure
     and method (all k and temperatures pooled; ``drafter_label`` keeps only records of that probe label)."""
-    recs = [r for r in _records(records, "acceptance")
-            if r.values.get("structure") == structure and r.values.get("method") == method
-            and (drafter_label is None or r.values.get("label") == drafter_label)]
+    def of_cell(probe: str) -> list[Record]:
+        return [r for r in _records(records, probe)
+                if r.values.get("structure") == structure and r.values.get("method") == method
+                and (drafter_label is None or r.values.get("label") == drafter_label)]
+
+    recs = of_cell("acceptance")
     if not recs:
         raise ValueError(f"no acceptance records for {method}/{structure}")
     pos, temp, succ, trials = _acceptance_rows(recs)
@@ -691,31 +694,23 @@ def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, str
     theta = np.clip(theta, -LOGIT_BOUND * 4, LOGIT_BOUND * 4)
 
     # fraction of decode steps that drafted (n-gram finds no match on some steps): logistic in T
-    n_drafts = np.array([float(r.values.get("num_drafts") or 0) for r in recs])
-    steps = np.array([float(r.values.get("decode_steps") or 0) for r in recs])
-    rec_t = np.array([float(r.values.get("temperature", 0.0)) for r in recs])
-    ok = steps > 0
-    marks = [r for r in _records(records, "acceptance_checkpoint")
-             if r.values.get("structure") == structure and r.values.get("method") == method
-             and (drafter_label is None or r.values.get("label") == drafter_label)
-             and float(r.values.get("decode_steps") or 0) > 0]
+    # ... and, with the same cells stopped at output checkpoints, in ln(output tokens per prompt / 64) too
+    full = [r for r in recs if float(r.values.get("decode_steps") or 0) > 0]
+    marks = [r for r in of_cell("acceptance_checkpoint") if float(r.values.get("decode_steps") or 0) > 0]
     f_output, up_to = 0.0, None
-    if ok.any():
-        drafted = np.minimum(n_drafts[ok], steps[ok])
-        Xf = np.column_stack([np.ones(ok.sum())] + ([rec_t[ok]] if fit_temp else []))
-        phi, _, _ = _logistic_map(Xf, drafted, steps[ok], np.full(Xf.shape[1], 10.0), bound=LOGIT_BOUND)
+    if full:
+        both = full + marks
+        f_steps = np.array([float(r.values["decode_steps"]) for r in both])
+        drafted = np.minimum(np.array([float(r.values.get("num_drafts") or 0) for r in both]), f_steps)
+        output = np.array([_mean_output(r) for r in both])
+        Xf = np.column_stack([np.ones(len(both))]
+                             + ([[float(r.values.get("temperature", 0.0)) for r in both]] if fit_temp else [])
+                             + ([np.log(output / DRAFT_FRACTION_REF_TOKENS)] if marks else []))
+        phi, _, _ = _logistic_map(Xf, drafted, f_steps, np.full(Xf.shape[1], 10.0), bound=LOGIT_BOUND)
         f_logit, f_slope = float(phi[0]), float(phi[1]) if fit_temp else 0.0
-        fraction = float(drafted.sum() / steps[ok].sum())
-        if marks:  # the same cells stopped at the output checkpoints: the share over O tokens, logistic in ln O too
-            both = [r for r, keep in zip(recs, ok) if keep] + marks
-            t_all = np.array([float(r.values.get("temperature", 0.0)) for r in both])
-            x_all = np.log(np.array([_mean_output(r) for r in both]) / DRAFT_FRACTION_REF_TOKENS)
-            s_all = np.array([float(r.values["decode_steps"]) for r in both])
-            d_all = np.minimum(np.array([float(r.values.get("num_drafts") or 0) for r in both]), s_all)
-            Xw = np.column_stack([np.ones_like(x_all)] + ([t_all] if fit_temp else []) + [x_all])
-            phi, _, _ = _logistic_map(Xw, d_all, s_all, np.full(Xw.shape[1], 10.0), bound=LOGIT_BOUND)
-            f_logit, f_slope, f_output = float(phi[0]), float(phi[1]) if fit_temp else 0.0, float(phi[-1])
-            up_to = OUTPUT_EXTRAPOLATION * max(_mean_output(r) for r in both)
+        fraction = float(drafted[:len(full)].sum() / f_steps[:len(full)].sum())  # the full generations'
+        if marks:
+            f_output, up_to = float(phi[-1]), OUTPUT_EXTRAPOLATION * float(output.max())
     else:
         f_logit, f_slope, fraction = LOGIT_BOUND, 0.0, 1.0
     fraction = min(max(fraction, 0.0), 1.0)

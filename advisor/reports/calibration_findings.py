@@ -275,12 +275,15 @@ def _drafting_along_the_output(recs: list[Record]) -> list[str]:
         return tokens / prompts, min(drafts / steps, 1.0)
 
     full = {cell(r): share(r) for r in recs if r.probe == "acceptance"}
+    lowest: dict[Any, float] = {}
+    for label, _, t in full:
+        if is_number(t):
+            lowest[label] = min(t, lowest.get(label, t))
     parts: dict[tuple, list[str]] = {}
     for r in sorted((r for r in recs if r.probe == "acceptance_checkpoint"), key=lambda r: str(cell(r))):
         label, structure, temperature = cell(r)
         early, late = share(r), full.get(cell(r))
-        if early is None or late is None or not is_number(temperature) or temperature != min(
-                t for (lbl, _, t) in full if lbl == label and is_number(t)):
+        if early is None or late is None or not is_number(temperature) or temperature != lowest[label]:
             continue
         parts.setdefault((label, temperature), []).append(
             f"{structure} {early[1]:.0%} over {early[0]:.0f} tokens, {late[1]:.0%} over {late[0]:.0f}")

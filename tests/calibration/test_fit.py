@@ -173,38 +173,34 @@ def _acc_records(theta, temps, k=4, drafts=4000, fraction=(0.0, 0.0), rng=None, 
     return recs, model
 
 
-# SmolLM2-135M-Instruct on the CPU build, n-gram k = 4, our 12 code prompts at T = 0, one cell stopped after 32, 64,
-# 128 and 256 output tokens (2026-12-07; docs/calibration.md, "Drafting along the output"): output tokens, decode
-# steps, steps that drafted, accepted drafts. Most prompts end (EOS) before 256.
-SMOLLM2_CODE_BY_BUDGET = {32: (384, 344, 25, 28), 64: (768, 675, 79, 81), 128: (1373, 1102, 199, 259),
-                          256: (1842, 1309, 306, 521)}
+# SmolLM2-135M-Instruct on the CPU build, n-gram k = 4, our 12 probe prompts per structure at T = 0, each cell
+# stopped after 32, 64, 128 and 256 output tokens (benchmarks/drafting_along_output.py, 2026-12-07; docs/calibration.md,
+# "Drafting along the output"). Most prompts end (EOS) before 256.
+DRAFTING_ROWS = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "drafting-along-output-smollm2-cpu.jsonl"
 
 
-def _code_cell(budget: int, probe: str) -> dict:
-    out, steps, drafts, accepted = SMOLLM2_CODE_BY_BUDGET[budget]
-    per_pos = [accepted // 2, accepted // 4, accepted // 8, accepted - accepted // 2 - accepted // 4 - accepted // 8]
-    return {"probe": probe, "params": {"engine": {}}, "values": {
-        "label": "ngram-k4", "method": "ngram", "drafter": None, "k": 4, "structure": "code", "temperature": 0.0,
-        "num_prompts": 12, "output_tokens": out, "wall_s": 1.0, "num_drafts": drafts, "num_draft_tokens": 4 * drafts,
-        "num_accepted_tokens": accepted, "accepted_per_pos": per_pos, "decode_steps": steps,
-        "drafted_fraction": drafts / steps, "max_tokens": budget}}
+def _drafting_rows() -> list[dict]:
+    return [json.loads(line) for line in DRAFTING_ROWS.open()]
 
 
 def test_a_copy_drafters_drafting_grows_with_the_output_read_from_its_checkpoints():
     """The plan's cell at 128 tokens and its checkpoint at 64 give the share of steps that drafted as a function of
     the output's length; it predicts the same cell stopped at 32 and run on to 256 tokens, which the fit never saw.
     Without a checkpoint the share is one number for every output, as before."""
-    full, mark = _code_cell(128, "acceptance"), _code_cell(64, "acceptance_checkpoint")
+    from benchmarks.drafting_along_output import _record
+
+    code = {r["max_tokens"]: r for r in _drafting_rows() if r["structure"] == "code"}
+    full, mark = _record(code[128], "acceptance"), _record(code[64], "acceptance_checkpoint")
     flat = fit_acceptance([full], "ngram", None, "code").params
     assert flat.draft_fraction_output_slope == 0.0 and flat.draft_fraction_output_tokens_up_to is None
     assert draft_fraction_at(flat, 0.0, 32) == draft_fraction_at(flat, 0.0, 1024)
     assert draft_fraction_at(flat, 0.0, 32) == pytest.approx(199 / 1102, abs=0.002)
     grown = fit_acceptance([full, mark], "ngram", None, "code").params
     assert grown.draft_fraction_output_slope == pytest.approx(0.87, abs=0.05)  # 7 % of steps over 32, 23 % over 153
-    per_prompt = {b: v[0] / 12 for b, v in SMOLLM2_CODE_BY_BUDGET.items()}
+    per_prompt = {b: r["out"] / 12 for b, r in code.items()}
     for budget, rel in ((64, 0.02), (128, 0.02), (32, 0.12), (256, 0.08)):
-        _, steps, drafts, _ = SMOLLM2_CODE_BY_BUDGET[budget]
-        assert draft_fraction_at(grown, 0.0, per_prompt[budget]) == pytest.approx(drafts / steps, rel=rel), budget
+        measured = code[budget]["drafts"] / code[budget]["steps"]
+        assert draft_fraction_at(grown, 0.0, per_prompt[budget]) == pytest.approx(measured, rel=rel), budget
     # read up to twice the longest output probed (114 tokens per prompt), no further
     assert grown.draft_fraction_output_tokens_up_to == pytest.approx(2 * per_prompt[128])
     assert draft_fraction_at(grown, 0.0, 10_000) == draft_fraction_at(grown, 0.0, 2 * per_prompt[128]) < 0.5
@@ -218,9 +214,7 @@ def test_the_plans_checkpoint_predicts_every_structures_shorter_and_longer_outpu
     128 and 256 tokens): the plan's fit (128 tokens and the checkpoint at 64) against the 12 cells it did not see."""
     from benchmarks import drafting_along_output as bench
 
-    stored = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "drafting-along-output-smollm2-cpu.jsonl"
-    rows = [json.loads(line) for line in stored.open()]
-    result = bench.analyze(rows, 128)
+    result = bench.analyze(_drafting_rows(), 128)
     assert len(result["structures"]) == 6
     assert all(0.5 < s["output_slope"] < 1.2 for s in result["structures"].values())  # every structure grows
     errors = result["out_of_sample_median_abs_error"]
