@@ -638,6 +638,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              " (with --probes acceptance: the service's composition of two runs)")
     parser.add_argument("--only", default=None, help="comma-separated workload names")
     parser.add_argument("--quick", action="store_true", help="one round, 64 output tokens per workload")
+    parser.add_argument("--output-tokens", type=int, default=None, metavar="N",
+                        help="every workload's output limit (default 128; generation still stops at EOS): the"
+                             " held-out workloads at other lengths than the probes'")
     parser.add_argument("--smoke", action="store_true",
                         help="minutes: a minimal probe plan and two short workloads (checks the machinery only)")
     parser.add_argument("--lock", default=None,
@@ -658,6 +661,8 @@ def main(args: argparse.Namespace) -> int:
     cases = workloads(args.quick or args.smoke)
     if args.smoke:
         cases = [dataclasses.replace(c, output_tokens=32) for c in cases if c.name in SMOKE_WORKLOADS]
+    if args.output_tokens:
+        cases = [dataclasses.replace(c, output_tokens=args.output_tokens) for c in cases]
     if args.only:
         wanted = set(args.only.split(","))
         cases = [c for c in cases if c.name in wanted]

@@ -7,10 +7,15 @@ predict how much a longer or a shorter output drafts?
 one JSON row per cell. ``analyze`` fits each structure as the plan does (``calibration.fit.fit_acceptance`` on the
 cell at ``--full`` tokens with its checkpoint at half of it) and compares the fitted share over each budget's mean
 output (``advisor.costmodel.acceptance.draft_fraction_at``, what answers read) with the measured one; the budgets
-below the checkpoint and above the full cell are out of sample.
+below the checkpoint and above the full cell are out of sample. ``closed-loop`` reads a closed loop's calibration
+(``benchmarks/closed_loop.py``, the plan with its checkpoints) and its measurements at several output limits
+(``--output-tokens``: ``measurements-<N>.jsonl``) and predicts each twice through the closed loop's own ``compare``:
+as calibrated, and with the checkpoints left out (one share for every length).
 
     python -m benchmarks.drafting_along_output measure --out rows.jsonl      # ~25 min on 2 AVX2 cores
     python -m benchmarks.drafting_along_output analyze --rows benchmarks/data/drafting-along-output-smollm2-cpu.jsonl
+    python -m benchmarks.drafting_along_output closed-loop --run benchmarks/data/h100-vllm0.24-smollm2-output-length \
+        --gpu H100-SXM
 """
 from __future__ import annotations
 
@@ -103,6 +108,41 @@ def analyze(rows: list[dict], full: int) -> dict:
     return result
 
 
+def closed_loop(run: Path, gpu_name: str | None = None) -> dict:
+    """Per output limit (``measurements-<N>.jsonl`` beside ``calibration-records.jsonl`` in ``run``): each held-out
+    workload's measured speedup and share of drafting steps, predicted from the calibration as it is (``grown``)
+    and without its checkpoints (``flat``), and per limit the median |error| of both (the n-gram workloads)."""
+    import dataclasses
+
+    from benchmarks import closed_loop as cl
+
+    records = [json.loads(line) for line in (run / "calibration-records.jsonl").read_text().splitlines() if line]
+    fits = {"grown": records, "flat": [r for r in records if r["probe"] != "acceptance_checkpoint"]}
+    gpu = {"gpu_name": gpu_name} if gpu_name else {}
+    result: dict = {}
+    for path in sorted(run.glob("measurements-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+        limit = int(path.stem.split("-")[1])
+        measured = cl.pool_measurements([json.loads(line) for line in path.read_text().splitlines() if line])
+        cases = [dataclasses.replace(c, output_tokens=limit) for c in cl.workloads()]
+        by = {name: [r for r in cl.compare(cases, measured, recs, **gpu)[0] if r.method == "ngram"]
+              for name, recs in fits.items()}
+        rows = [{"workload": g.name, "output_tokens": g.output_tokens,
+                 "measured_speedup": round(g.measured_speedup, 4),
+                 "measured_draft_fraction": round(g.measured_draft_fraction, 4), "decision": g.decision,
+                 **{name: {"speedup": round(r.predicted_speedup, 4),
+                           "draft_fraction": round(r.predicted_draft_fraction, 4)} for name, r in (("grown", g),
+                                                                                                   ("flat", f))}}
+                for g, f in zip(by["grown"], by["flat"])]
+        result[limit] = {"workloads": rows, **{name: {
+            "median_abs_speedup_error": round(statistics.median(abs(r.error) for r in rs), 4),
+            "median_abs_draft_fraction_error": round(statistics.median(
+                abs(r.predicted_draft_fraction - r.measured_draft_fraction) for r in rs), 4),
+            "signs": sum((r.predicted_speedup > 1) == (r.measured_speedup > 1) for r in rs),
+            "covered": sum(r.predicted_low <= r.measured_speedup <= r.predicted_high for r in rs)}
+            for name, rs in by.items()}}
+    return result
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="phase", required=True)
     m = sub.add_parser("measure")
@@ -114,11 +154,28 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--rows", type=Path, required=True)
     a.add_argument("--full", type=int, default=128, help="the plan's generation (its checkpoint: half of it)")
     a.add_argument("--out-json", type=Path)
+    c = sub.add_parser("closed-loop")
+    c.add_argument("--run", type=Path, required=True,
+                   help="calibration-records.jsonl and measurements-<output limit>.jsonl of one closed loop")
+    c.add_argument("--gpu", default=None, help="the run's GPU (catalog name); default: the CPU build")
 
 
 def main(args: argparse.Namespace) -> None:
     if args.phase == "measure":
         measure(args)
+        return
+    if args.phase == "closed-loop":
+        for limit, data in closed_loop(args.run, args.gpu).items():
+            for w in data["workloads"]:
+                g, f = w["grown"], w["flat"]
+                print(f"{limit:>4} {w['workload']:12} {w['output_tokens']:>4} tok | "
+                      f"speedup {w['measured_speedup']:.2f} (fit {g['speedup']:.2f}, flat {f['speedup']:.2f}) | "
+                      f"share {w['measured_draft_fraction']:.2f} "
+                      f"(fit {g['draft_fraction']:.2f}, flat {f['draft_fraction']:.2f}) | {w['decision']}")
+            print(f"{limit:>4} " + "; ".join(
+                f"{name}: |speedup error| {d['median_abs_speedup_error']:.1%}, |share error| "
+                f"{d['median_abs_draft_fraction_error']:.3f}, signs {d['signs']}, intervals {d['covered']} of "
+                f"{len(data['workloads'])}" for name, d in data.items() if name != "workloads"))
         return
     rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
     result = analyze(rows, args.full)

@@ -4,8 +4,10 @@
 # by the product's own `python -m calibration.models --gguf`, then `benchmarks/closed_loop.py --gpu H200-SXM` runs
 # the CPU closed loop's probe plan (acceptance per structure and temperature on calibration/prompts, timing) and
 # its held-out workloads on the GPU, with the plan's GPU defaults (CUDA graphs, engines in their own processes).
-# Usage: scripts/gpu-real-weights.sh [SECONDS] [closed_loop args...]; `--records FILE` (a copy of an earlier call's
-# W/calibration-records.jsonl, kept between calls on a warm machine) measures without calibrating again.
+# Usage: [GPU=H100-SXM] scripts/gpu-real-weights.sh [SECONDS] [closed_loop args...] (GPU: its catalog name, default
+# H200-SXM); `--records FILE` (a copy of an earlier call's W/calibration-records.jsonl, kept between calls on a warm
+# machine) measures without calibrating again. The GGUF needs the `gguf` wheel (with the bundle's; 2026-12-07: carried
+# as .gpu/w, `pip download --no-deps gguf`).
 set -u
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -19,7 +21,7 @@ if [ ! -f "$M/.specadvisor-ready" ]; then
   echo "real-weights: converted in $(( $(date +%s) - t )) s"
 fi
 echo "== closed loop (limit ${limit}s) at $(date +%T)"
-timeout --signal=INT --kill-after=20 "$limit" python3 -m benchmarks.closed_loop --gpu H200-SXM --model "$M" \
+timeout --signal=INT --kill-after=20 "$limit" python3 -m benchmarks.closed_loop --gpu "${GPU:-H200-SXM}" --model "$M" \
   --workdir "$W" -o "$W/result.json" --max-wait-quiet 10 "$@" 2> >(tee -a "$W/closed-loop.err" | grep -E '^\[|^closed|Error' >&2)
 echo "== closed loop exit $? at $(date +%T)"
 O="$OUT/${OUTSUB:-rw}"; mkdir -p "$O" && cp "$W"/*.json "$W"/*.jsonl "$O/" 2>/dev/null

@@ -1084,12 +1084,26 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
                    f"speedup is the ratio of these rates, and tco.gpus_needed says how many GPUs carry the load")
     if ctx.acceptance_source.startswith("prior"):
         out.append("acceptance from published priors, not measured on your prompts: calibrate to narrow")
+    out += _past_the_probes(ctx.acceptance, w.output_tokens)
     out += [f"{i.severity}: {i.message}" for i in checks]
     out += list(ctx.calibration_notes)
     if ctx.profile is not None:
         out.append(f"timing from the measured profile {ctx.profile.name}"
                    + (f" ({'; '.join(ctx.profile.behaviour)})" if ctx.profile.behaviour else ""))
     return out
+
+
+def _past_the_probes(acc: AcceptanceModel, output_tokens: int) -> list[str]:
+    """A copy drafter's outputs longer than its drafting share is read (``draft_fraction_at``: twice the probes'
+    longest output): the share is held there, and longer outputs draft and accept more. On an H100 (SmolLM2, vLLM
+    0.24, n-gram) outputs of 252-467 tokens read at about 250 were answered a median 41 % slow (16.5 % at the probes'
+    length), every interval covering (docs/gpu-closed-loop.md, "Drafting along the output, end to end")."""
+    up_to = acc.draft_fraction_output_tokens_up_to
+    if acc.draft_fraction_logit is None or not acc.draft_fraction_output_slope or not up_to or output_tokens <= up_to:
+        return []
+    return [f"outputs of {output_tokens} tokens are longer than the calibration's drafting share is read ({up_to:.0f} "
+            f"tokens, twice its probes' longest): {acc.method} drafts and accepts more along longer outputs, so this "
+            f"answer is likely low; calibrate with `advisor calibrate --max-tokens {output_tokens}` to measure them"]
 
 
 def profile_summary(profile: MeasuredEngineProfile | None) -> dict[str, Any] | None:
