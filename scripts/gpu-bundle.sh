@@ -18,9 +18,11 @@ n=$(ls "$tmp"/vllm.part* | wc -l); [ "$n" -le 4 ] || { echo "gpu-bundle: $n piec
 i=1; for part in "$tmp"/vllm.part*; do mkdir -p "$DEST/c$i"; mv "$part" "$DEST/c$i/"; i=$((i + 1)); done
 # the checksum and the wheels travel last: gpu-setup.sh unpacks once the checksum has come
 last=$(dirname "$sum"); [ "$last" = "$DEST/c$n" ] || mv "$last"/whl "$sum" "$DEST/c$n/"
-# the repository's own dependencies that the recipe's bundle lacks (orjson since 2026-12-07), as wheels for the lent
-# machine's Python 3.12, installed with the recipe's by gpu-setup.sh
-pin=$(grep -E '^orjson==' constraints.txt)
+# the repository's own dependencies that the recipe's bundle lacks (orjson since 2026-12-07; gguf, which reads the
+# real-weights GGUF, at the version the cpu extra installed here), as wheels for the lent machine's Python 3.12,
+# installed with the recipe's by gpu-setup.sh
+pins="$(grep -E '^orjson==' constraints.txt) $(.venv/bin/python -c \
+  'import importlib.metadata as m; print("gguf==" + m.version("gguf"))' 2>/dev/null || echo gguf)"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
-  -d "$DEST/c$n/whl" "$pin"
+  -d "$DEST/c$n/whl" $pins
 rm -rf "$tmp"; du -sh "$DEST"/c*

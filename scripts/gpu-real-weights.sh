@@ -6,8 +6,7 @@
 # its held-out workloads on the GPU, with the plan's GPU defaults (CUDA graphs, engines in their own processes).
 # Usage: [GPU=H100-SXM] scripts/gpu-real-weights.sh [SECONDS] [closed_loop args...] (GPU: its catalog name, default
 # H200-SXM); `--records FILE` (a copy of an earlier call's W/calibration-records.jsonl, kept between calls on a warm
-# machine) measures without calibrating again. The GGUF needs the `gguf` wheel (with the bundle's; 2026-12-07: carried
-# as .gpu/w, `pip download --no-deps gguf`).
+# machine) measures without calibrating again. Reading the GGUF needs the `gguf` wheel (scripts/gpu-bundle.sh adds it).
 set -u
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
