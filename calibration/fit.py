@@ -41,7 +41,7 @@ import numpy as np
 from scipy.optimize import least_squares, minimize
 
 from advisor.costmodel.speculation import COPY_DRAFTERS
-from advisor.costmodel.acceptance import DRAFT_FRACTION_REF_TOKENS, draft_fraction_at
+from advisor.costmodel.acceptance import DRAFT_FRACTION_REF_TOKENS, OUTPUT_EXTRAPOLATION, draft_fraction_at
 from advisor.costmodel.memory import engine_kv_cache_dtype, engine_weights_dtype
 from advisor.costmodel.steptime import (default_prefill_params, default_step_time_params, forward_cost,
                                         draft_sampling_s, prefill_compute_s, rejection_sampling_s, step_time_from_cost,
@@ -742,10 +742,6 @@ def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, str
                      float(np.sqrt(np.mean(res ** 2))) if len(res) else 0.0,
                      ("logit_intercept", "logit_position_slope", "logit_temperature_slope"), points)
 
-
-# How far past the longest output the probes generated a copy drafter's growth along the output is read (SmolLM2,
-# code, n-gram k = 4, a fit on 64 and 114 tokens per prompt: 22.1 % of steps drafted over 153 tokens, 23.4 % measured).
-OUTPUT_EXTRAPOLATION = 2.0
 
 
 def _mean_output(record: Record) -> float:

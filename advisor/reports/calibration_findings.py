@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..costmodel import GpuSpec, ModelSpec, StepTimeParams
+from ..costmodel.acceptance import OUTPUT_EXTRAPOLATION
 from ..costmodel.steptime import forward_cost, step_time_from_cost
 
 from .formatting import is_number
@@ -276,9 +277,13 @@ def _drafting_along_the_output(recs: list[Record]) -> list[str]:
 
     full = {cell(r): share(r) for r in recs if r.probe == "acceptance"}
     lowest: dict[Any, float] = {}
-    for label, _, t in full:
+    longest: dict[Any, dict[Any, float]] = {}  # per label and structure: the longest output per prompt
+    for (label, structure, t), measured in full.items():
         if is_number(t):
             lowest[label] = min(t, lowest.get(label, t))
+        if measured is not None:
+            by = longest.setdefault(label, {})
+            by[structure] = max(measured[0], by.get(structure, 0.0))
     parts: dict[tuple, list[str]] = {}
     for r in sorted((r for r in recs if r.probe == "acceptance_checkpoint"), key=lambda r: str(cell(r))):
         label, structure, temperature = cell(r)
@@ -287,8 +292,14 @@ def _drafting_along_the_output(recs: list[Record]) -> list[str]:
             continue
         parts.setdefault((label, temperature), []).append(
             f"{structure} {early[1]:.0%} over {early[0]:.0f} tokens, {late[1]:.0%} over {late[0]:.0f}")
+    def limits(label: Any) -> str:
+        lo, hi = (OUTPUT_EXTRAPOLATION * f(longest[label].values()) for f in (min, max))
+        return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f}"
+
     return [f"{label}'s share of steps that drafted, by output length (T = {temperature:g}, the same prompts "
-            f"stopped early): {'; '.join(items)}. Answers read the share at the workload's output length."
+            f"stopped early): {'; '.join(items)}. Answers read the share at the workload's output length, up to "
+            f"{OUTPUT_EXTRAPOLATION:g}× each structure's longest output ({limits(label)} tokens here); for longer "
+            f"outputs, calibrate with --max-tokens at their length."
             for (label, temperature), items in parts.items()]
 
 

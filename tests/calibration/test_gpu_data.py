@@ -2134,8 +2134,14 @@ def test_drafting_along_the_output_end_to_end_on_an_h100():
              if (w["measured_speedup"] > 1) != (w["grown"]["speedup"] > 1)]
     assert wrong == [(512, "rag-b1", "calibrate")]  # no wrong go / no-go
 
+    records = gcl.load_jsonl(OUTPUT_LENGTH / "calibration-records.jsonl")
+    from advisor.reports.calibration_findings import findings
+
+    (page,) = [f for f in findings(records) if "by output length" in f]  # the run's page: the same limits
+    assert page.endswith("up to 2× each structure's longest output (182–247 tokens here); for longer outputs, "
+                         "calibrate with --max-tokens at their length.")
     gpu, target = cl.load_catalog(gpu_name="H100-SXM")
-    cal, _ = cl.build_calibration(gcl.load_jsonl(OUTPUT_LENGTH / "calibration-records.jsonl"), gpu, target)
+    cal, _ = cl.build_calibration(records, gpu, target)
     said = {}
     for tokens in (128, 278):
         scenario = Scenario(gpu=gpu.name, target_model=target.name, weights_dtype="bf16",

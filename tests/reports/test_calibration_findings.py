@@ -76,7 +76,8 @@ def test_drafting_along_the_output_is_said_per_structure():
                      acceptance("acceptance_checkpoint", "code", 0.7, 768, 675, 40)])
     assert said == ["ngram-k4's share of steps that drafted, by output length (T = 0, the same prompts stopped "
                     "early): code 12% over 64 tokens, 18% over 114; json 16% over 60 tokens, 15% over 108. Answers "
-                    "read the share at the workload's output length."]
+                    "read the share at the workload's output length, up to 2× each structure's longest output "
+                    "(217–229 tokens here); for longer outputs, calibrate with --max-tokens at their length."]
 
 
 def test_nothing_to_say_about_unknown_records():
