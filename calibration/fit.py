@@ -743,7 +743,6 @@ def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, str
                      ("logit_intercept", "logit_position_slope", "logit_temperature_slope"), points)
 
 
-
 def _mean_output(record: Record) -> float:
     """Output tokens per prompt of an acceptance record."""
     v = record.values

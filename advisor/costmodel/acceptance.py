@@ -30,7 +30,7 @@ DRAFT_FRACTION_ACCEPTANCE_CORR = 0.8
 DRAFT_FRACTION_REF_TOKENS = 64.0
 # ... and read at most this many times the longest output the probes generated (calibration.fit sets the limit).
 # SmolLM2, code, n-gram k = 4, a fit on 64 and 114 tokens per prompt: 22.1 % of steps drafted over 153 tokens, 23.4 %
-# measured. Further out it misses: outputs of 252-467 tokens drafted 1.0-2.8× the share read at the limit (an H100,
+# measured. Further out it misses: outputs of 252-467 tokens drafted 0.9-2.8× the share read at the limit (an H100,
 # docs/gpu-closed-loop.md, "Drafting along the output, end to end").
 OUTPUT_EXTRAPOLATION = 2.0
 

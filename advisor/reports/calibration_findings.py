@@ -292,6 +292,7 @@ def _drafting_along_the_output(recs: list[Record]) -> list[str]:
             continue
         parts.setdefault((label, temperature), []).append(
             f"{structure} {early[1]:.0%} over {early[0]:.0f} tokens, {late[1]:.0%} over {late[0]:.0f}")
+
     def limits(label: Any) -> str:
         lo, hi = (OUTPUT_EXTRAPOLATION * f(longest[label].values()) for f in (min, max))
         return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f}"
