@@ -1096,7 +1096,7 @@ def _reasons(ctx: Context, k: int, al: float, expected: float, low: float, high:
 def _past_the_probes(acc: AcceptanceModel, output_tokens: int) -> list[str]:
     """A copy drafter's outputs longer than its drafting share is read (``draft_fraction_at``: twice the probes'
     longest output): the share is held there, and longer outputs draft and accept more. On an H100 (SmolLM2, vLLM
-    0.24, n-gram) outputs of 252-467 tokens read at 182-247 were answered a median 41 % slow (16.5 % at the probes'
+    0.24, n-gram) outputs of 252-467 tokens read at 182-247 were answered a median 41 % low (16.5 % at the probes'
     length), every interval covering (docs/gpu-closed-loop.md, "Drafting along the output, end to end")."""
     up_to = acc.draft_fraction_output_tokens_up_to
     if acc.draft_fraction_logit is None or not acc.draft_fraction_output_slope or not up_to or output_tokens <= up_to:
