@@ -2118,8 +2118,8 @@ def test_drafting_along_the_output_end_to_end_on_an_h100():
     250-470). At 32 tokens the share of drafting steps read along the output meets the measurement (median |error|
     0.025 against 0.083 for one share at every length) and the n-gram speedups come within 16.0 % (21.6 % flat), the
     lease's level at the probes' own length (16.5 %). Past twice the probes' longest output the share is held, and
-    longer outputs draft and accept more than that: answered 41.3 % low (47.1 % flat), the intervals covering; rag-b1 ran
-    1.30× and was answered "calibrate". An answer read there says so, and how to measure it."""
+    longer outputs draft and accept more than that: answered 41.3 % low (47.1 % flat), the intervals covering; rag-b1
+    ran 1.30× and was answered "calibrate". An answer read there says so, and how to measure it."""
     from benchmarks import closed_loop as cl
     from benchmarks import drafting_along_output as dao
 
