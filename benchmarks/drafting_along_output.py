@@ -115,14 +115,15 @@ def closed_loop(run: Path, gpu_name: str | None = None) -> dict:
     import dataclasses
 
     from benchmarks import closed_loop as cl
+    from benchmarks.gpu_closed_loop import load_jsonl
 
-    records = [json.loads(line) for line in (run / "calibration-records.jsonl").read_text().splitlines() if line]
+    records = load_jsonl(run / "calibration-records.jsonl")
     fits = {"grown": records, "flat": [r for r in records if r["probe"] != "acceptance_checkpoint"]}
     gpu = {"gpu_name": gpu_name} if gpu_name else {}
     result: dict = {}
     for path in sorted(run.glob("measurements-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
         limit = int(path.stem.split("-")[1])
-        measured = cl.pool_measurements([json.loads(line) for line in path.read_text().splitlines() if line])
+        measured = cl.pool_measurements(load_jsonl(path))
         cases = [dataclasses.replace(c, output_tokens=limit) for c in cl.workloads()]
         by = {name: [r for r in cl.compare(cases, measured, recs, **gpu)[0] if r.method == "ngram"]
               for name, recs in fits.items()}
