@@ -606,6 +606,8 @@ class AcceptanceFitSchema(StrictSchema):
     draft_fraction_temperature_slope = _number(-100.0, 100.0)
     draft_fraction_output_slope = _number(-100.0, 100.0)
     draft_fraction_output_tokens_up_to = _number(1.0, 1e7, allow_none=True)
+    logit_output_slope = _number(-100.0, 100.0)
+    logit_output_ref_tokens = _number(1.0, 1e7, allow_none=True)
 
     @validates_schema
     def _range_ordered(self, data: dict, **_: object) -> None:

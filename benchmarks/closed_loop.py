@@ -508,13 +508,15 @@ def predict_case(case: WorkloadCase, prompt_tokens: float, gpu, target, cal) -> 
     cal_t = _at_temperature(cal, case.temperature, case.output_tokens)
     pred = predict(scenario, gpu, target, draft, cal_t, compare_methods=False).to_dict()
     from advisor.costmodel import acceptance_key
+    from advisor.costmodel.acceptance import at_output
 
     key = acceptance_key(case.method, draft.name if draft else None, case.structure)
     acc = cal_t.acceptance.get(key)
     return {
         "speedup": pred["speedup"]["expected"], "low": pred["speedup"]["low"], "high": pred["speedup"]["high"],
         "tpot_base": pred["tpot_ms"]["baseline"], "tpot_spec": pred["tpot_ms"]["speculative"],
-        "al": al_of(acc, case.temperature, case.k) if acc else pred["acceptance"]["mean_acceptance_length"],
+        "al": al_of(at_output(acc, case.output_tokens), case.temperature, case.k) if acc
+        else pred["acceptance"]["mean_acceptance_length"],
         "draft_fraction": pred["acceptance"]["draft_fraction"],
         "decision": pred["decision"], "acceptance_source": pred["acceptance"]["source"],
     }

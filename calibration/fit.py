@@ -38,7 +38,7 @@ from pathlib import PurePath
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares, minimize
+from scipy.optimize import brentq, least_squares, minimize
 
 from advisor.costmodel.speculation import COPY_DRAFTERS
 from advisor.costmodel.acceptance import DRAFT_FRACTION_REF_TOKENS, OUTPUT_EXTRAPOLATION, draft_fraction_at
@@ -722,6 +722,8 @@ def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, str
         draft_fraction=fraction, source=SOURCE)
     model = dataclasses.replace(model, draft_fraction_logit=f_logit, draft_fraction_temperature_slope=f_slope,
                                 draft_fraction_output_slope=f_output, draft_fraction_output_tokens_up_to=up_to)
+    if marks:
+        model = _acceptance_along_output(model, full, marks)
 
     residuals, points = [], []
     for r in recs:
@@ -741,6 +743,37 @@ def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, str
     return FitResult(model, [[float(x) for x in row] for row in cov], [float(x) for x in res], len(recs),
                      float(np.sqrt(np.mean(res ** 2))) if len(res) else 0.0,
                      ("logit_intercept", "logit_position_slope", "logit_temperature_slope"), points)
+
+
+def _acceptance_along_output(model: AcceptanceModel, full: list[Record], marks: list[Record]) -> AcceptanceModel:
+    """``model`` with its acceptance along the output: per cell (temperature, k), the intercept shift that gives the
+    AL measured over the checkpoint's output and the one over the whole output, against ln of their outputs (least
+    squares through the whole output's shift, weighted by the checkpoint's drafts); the reference is the whole
+    outputs' geometric mean, which the intercept was fitted over. ``model`` as it is where no cell pairs up."""
+    def key(r: Record) -> tuple[float, int]:
+        return float(r.values.get("temperature", 0.0)), int(r.values.get("k") or 0)
+
+    def shift(r: Record) -> float:  # the intercept shift whose AL over the record's drafted steps is the measured one
+        t, k = key(r)
+        al = 1.0 + float(r.values["num_accepted_tokens"]) / float(r.values["num_drafts"])
+
+        def gap(d: float) -> float:
+            return al_of(dataclasses.replace(model, logit_intercept=model.logit_intercept + d), t, k) - al
+
+        lo, hi = gap(-LOGIT_BOUND), gap(LOGIT_BOUND)
+        return -LOGIT_BOUND if lo >= 0 else LOGIT_BOUND if hi <= 0 else float(brentq(gap, -LOGIT_BOUND, LOGIT_BOUND))
+
+    whole = {key(r): r for r in full if r.values.get("num_drafts")}
+    pairs = [(whole[key(r)], r) for r in marks if r.values.get("num_drafts") and key(r) in whole]
+    x = np.array([math.log(_mean_output(c) / _mean_output(w)) for w, c in pairs])
+    if not pairs or not np.any(x):
+        return model
+    y = np.array([shift(c) - shift(w) for w, c in pairs])
+    weight = np.array([float(c.values["num_drafts"]) for _, c in pairs])
+    slope = float(np.clip(np.sum(weight * x * y) / np.sum(weight * x * x), -2.0, 2.0))
+    drafts = np.array([float(w.values["num_drafts"]) for w in whole.values()])
+    ref = float(np.exp(np.sum(drafts * np.log([_mean_output(w) for w in whole.values()])) / drafts.sum()))
+    return dataclasses.replace(model, logit_output_slope=slope, logit_output_ref_tokens=ref)
 
 
 def _mean_output(record: Record) -> float:

@@ -100,6 +100,18 @@ def draft_fraction_at(model: AcceptanceModel, temperature: float, output_tokens:
     return float(sigmoid(np.asarray(logit_f)))
 
 
+def at_output(model: AcceptanceModel, output_tokens: float | None) -> AcceptanceModel:
+    """``model`` over an output of O = ``output_tokens`` tokens: a calibrated copy drafter's intercept moved by
+    logit_output_slope · ln(O / logit_output_ref_tokens), O read at most at ``draft_fraction_output_tokens_up_to``
+    (its probes' output checkpoints: the longer the output, the more of each draft it repeats; docs/calibration.md).
+    The slope is spent (0), so the model read twice moves once; without a slope the model itself."""
+    if not model.logit_output_slope or not model.logit_output_ref_tokens or not output_tokens:
+        return model
+    tokens = min(float(output_tokens), model.draft_fraction_output_tokens_up_to or float(output_tokens))
+    shift = model.logit_output_slope * math.log(tokens / model.logit_output_ref_tokens)
+    return dataclasses.replace(model, logit_intercept=model.logit_intercept + shift, logit_output_slope=0.0)
+
+
 def sample_coefficients(model: AcceptanceModel, samples: int, rng: np.random.Generator) -> np.ndarray:
     """Draws of (a, b, c) from N(mean, covariance); row 0 is the mean (the point estimate)."""
     return coefficients_from_normals(model, rng.standard_normal((samples, 3)))

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .acceptance import draft_fraction_at, per_position_rates
+from .acceptance import at_output, draft_fraction_at, per_position_rates
 from .checks import check_tensor_parallel
 from .memory import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, beyond_context_window, memory_report
 from .predict import EngineSteps, engine_steps, timing_run
@@ -253,7 +253,7 @@ def tokens_per_engine_second(model: StepModel, spec: SpecDecode | None, batch: f
 
 
 def _spec_decode(cand: SpeculatorCandidate, k: int, plan: PlanInput) -> SpecDecode:
-    r = per_position_rates(cand.acceptance, plan.temperature, k)
+    r = per_position_rates(at_output(cand.acceptance, plan.output_tokens), plan.temperature, k)
     return SpecDecode(cand.method, k, tuple(float(x) for x in r),
                       draft_fraction_at(cand.acceptance, plan.temperature, plan.output_tokens))
 

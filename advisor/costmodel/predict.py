@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 import orjson
 
-from .acceptance import (MAX_K, SEARCH_K, coefficients_from_normals, draft_fraction_at, model_from_input,
+from .acceptance import (MAX_K, SEARCH_K, at_output, coefficients_from_normals, draft_fraction_at, model_from_input,
                          per_position_rates, sample_draft_fraction, with_transfer_spread)
 from .checks import METHOD_KINDS, check_draft, check_tensor_parallel
 from .decision import GO_THRESHOLD, DecisionInput, decide
@@ -268,13 +268,14 @@ def calibrated_acceptance(calibration: Calibration, method: str, drafter: str | 
 
 
 def measured_or_prior(calibration: Calibration | None, method: str, structure: str, target: ModelSpec,
-                      draft: ModelSpec | None) -> tuple[AcceptanceModel, str]:
-    """The acceptance fit the calibration measured for exactly this method, drafter and structure, else the method's
-    prior (``draft`` None for copy drafters), and its source: the scenario's own and each compared method's."""
+                      draft: ModelSpec | None, output_tokens: float | None = None) -> tuple[AcceptanceModel, str]:
+    """The acceptance fit the calibration measured for exactly this method, drafter and structure (over outputs of
+    ``output_tokens``: :func:`at_output`), else the method's prior (``draft`` None for copy drafters), and its source:
+    the scenario's own and each compared method's."""
     measured = None if calibration is None else calibrated_acceptance(
         calibration, method, draft.name if draft is not None else None, structure)
     if measured is not None:
-        return measured, f"calibration:{calibration.run_id}"
+        return at_output(measured, output_tokens), f"calibration:{calibration.run_id}"
     prior = _prior(method, structure, target, draft)
     return prior, prior.source.split(";")[0]
 
@@ -283,7 +284,7 @@ def _acceptance(s: Scenario, target: ModelSpec, draft: ModelSpec | None, calibra
                 k_ref: int) -> tuple[AcceptanceModel, str]:
     method, structure = s.speculator.method, s.workload.structure
     drafter = draft.name if draft is not None and method not in COPY_DRAFTERS else None
-    base, source = measured_or_prior(calibration, method, structure, target, draft)
+    base, source = measured_or_prior(calibration, method, structure, target, draft, s.workload.output_tokens)
     given = s.acceptance or AcceptanceInput()
     if given.mean_acceptance_length is not None or given.acceptance_rate is not None or given.per_position:
         model, source = model_from_input(given, k_ref, method, structure, drafter), "input"
@@ -1173,7 +1174,8 @@ def _compared(ctx: Context, heads: Mapping[str, ModelSpec]) -> tuple[Compared, .
         elif m not in COPY_DRAFTERS:
             head, source = _synthesized_head(ctx.target, m), _SYNTHESIZED
         steps = engine_steps(ctx.gpu, s.engine, ctx.target, head, m, ctx.calibration, ctx.version_profile)
-        acc, acc_source = measured_or_prior(ctx.calibration, m, structure, ctx.target, head)
+        acc, acc_source = measured_or_prior(ctx.calibration, m, structure, ctx.target, head,
+                                            s.workload.output_tokens)
         setup = _setup(ctx, m, head, steps)
         out.append(Compared(m, head, setup, acc, source, acc_source, steps.spec_source or steps.source))
     return tuple(out)

@@ -273,6 +273,11 @@ class AcceptanceModel:
     # output checkpoints, read up to draft_fraction_output_tokens_up_to (twice the longest output they generated).
     draft_fraction_output_slope: float = 0.0
     draft_fraction_output_tokens_up_to: float | None = None
+    # ... and each of their drafts is accepted more along a longer output too: over an output of O tokens the intercept
+    # is a + logit_output_slope · ln(O / logit_output_ref_tokens), O read up to draft_fraction_output_tokens_up_to
+    # (acceptance.at_output; the reference is the output the intercept was fitted over).
+    logit_output_slope: float = 0.0
+    logit_output_ref_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -105,3 +105,25 @@ def test_bigger_draft_model_gets_higher_prior(models):
     small = cm.prior_acceptance("draft_model", "prose", t, models["qwama-0.5b-instruct"])
     big = cm.prior_acceptance("draft_model", "prose", t, models["llama-3.2-3b-instruct"])
     assert big.logit_intercept > small.logit_intercept
+
+
+def test_a_calibrated_intercept_is_read_along_the_output_once_and_no_further_than_the_share():
+    """acceptance.at_output: a + slope · ln(O / reference), O capped where the drafting share is (twice the probes'
+    longest output); the slope is spent, so a model read twice moves once; no slope (priors, stated words) or no
+    output: the model itself."""
+    import dataclasses
+
+    from advisor.costmodel.acceptance import al_from_per_position, at_output, per_position_rates
+    from advisor.costmodel.types import AcceptanceModel
+
+    model = AcceptanceModel("ngram", None, "json", 0.4, -0.3, -0.5, logit_output_slope=0.6,
+                            logit_output_ref_tokens=100.0, draft_fraction_output_tokens_up_to=200.0)
+    short = at_output(model, 50)
+    assert short.logit_intercept == pytest.approx(0.4 + 0.6 * math.log(0.5)) and short.logit_output_slope == 0.0
+    assert at_output(short, 400) is short
+    assert at_output(model, 100).logit_intercept == pytest.approx(0.4)
+    assert at_output(model, 10_000).logit_intercept == at_output(model, 200).logit_intercept
+    assert al_from_per_position(per_position_rates(short, 0.0, 4), 4) < al_from_per_position(
+        per_position_rates(model, 0.0, 4), 4)
+    plain = dataclasses.replace(model, logit_output_slope=0.0)
+    assert at_output(plain, 50) is plain and at_output(model, None) is model
