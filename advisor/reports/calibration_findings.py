@@ -262,18 +262,20 @@ HOST_SPEED_SWING_NOTE = 1.2  # p95 / p5 of the host's core speed above which the
 
 def _drafting_along_the_output(recs: list[Record]) -> list[str]:
     """A copy drafter's share of steps that drafted over its output checkpoint's tokens and over the whole
-    generation, per structure at the lowest temperature measured (the same cells, stopped early)."""
+    generation, and each draft's acceptance (AL) where both drafted, per structure at the lowest temperature
+    measured (the same cells, stopped early)."""
     def cell(r: Record) -> tuple:
         v = r.values
         return v.get("label"), v.get("structure"), v.get("temperature")
 
-    def share(r: Record) -> tuple[float, float] | None:
+    def share(r: Record) -> tuple[float, float, float | None] | None:
         v = r.values
-        steps, drafts, tokens, prompts = (v.get(k) for k in ("decode_steps", "num_drafts", "output_tokens",
-                                                               "num_prompts"))
+        steps, drafts, tokens, prompts, accepted = (v.get(k) for k in ("decode_steps", "num_drafts", "output_tokens",
+                                                                         "num_prompts", "num_accepted_tokens"))
         if not all(is_number(x) and x > 0 for x in (steps, tokens, prompts)) or not is_number(drafts):
             return None
-        return tokens / prompts, min(drafts / steps, 1.0)
+        al = 1.0 + accepted / drafts if is_number(accepted) and drafts > 0 else None
+        return tokens / prompts, min(drafts / steps, 1.0), al
 
     full = {cell(r): share(r) for r in recs if r.probe == "acceptance"}
     lowest: dict[Any, float] = {}
@@ -290,17 +292,18 @@ def _drafting_along_the_output(recs: list[Record]) -> list[str]:
         early, late = share(r), full.get(cell(r))
         if early is None or late is None or not is_number(temperature) or temperature != lowest[label]:
             continue
+        al = f" (AL {early[2]:.2f} and {late[2]:.2f})" if early[2] is not None and late[2] is not None else ""
         parts.setdefault((label, temperature), []).append(
-            f"{structure} {early[1]:.0%} over {early[0]:.0f} tokens, {late[1]:.0%} over {late[0]:.0f}")
+            f"{structure} {early[1]:.0%} over {early[0]:.0f} tokens, {late[1]:.0%} over {late[0]:.0f}{al}")
 
     def limits(label: Any) -> str:
         lo, hi = (OUTPUT_EXTRAPOLATION * f(longest[label].values()) for f in (min, max))
         return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f}"
 
     return [f"{label}'s share of steps that drafted, by output length (T = {temperature:g}, the same prompts "
-            f"stopped early): {'; '.join(items)}. Answers read the share at the workload's output length, up to "
-            f"{OUTPUT_EXTRAPOLATION:g}× each structure's longest output ({limits(label)} tokens here); for longer "
-            f"outputs, calibrate with --max-tokens at their length."
+            f"stopped early): {'; '.join(items)}. Answers read the share and each draft's acceptance at the "
+            f"workload's output length, up to {OUTPUT_EXTRAPOLATION:g}× each structure's longest output "
+            f"({limits(label)} tokens here); for longer outputs, calibrate with --max-tokens at their length."
             for (label, temperature), items in parts.items()]
 
 

@@ -182,6 +182,33 @@ def test_a_longer_output_drafts_more_where_the_calibration_read_it(gpus, models,
     assert _predict(gpus, models, stated, calibration=cal)["acceptance"]["draft_fraction"] == pytest.approx(shares[0])
 
 
+def test_each_draft_is_accepted_more_along_a_longer_output_where_the_calibration_read_it(gpus, models, make_scenario):
+    """An n-gram fit with a slope along the output (calibration.fit, from the probes' output checkpoints): the answer's
+    AL is the fit's at the workload's output, read at most at the fit's limit, whether n-gram is the scenario's
+    method or one compared with an EAGLE head's; a stated AL stays as stated."""
+    from advisor.costmodel.acceptance import at_output
+    from calibration.fit import al_of
+
+    fit = dataclasses.replace(prior_acceptance("ngram", "code"), draft_fraction_logit=-2.0, logit_output_slope=0.6,
+                              logit_output_ref_tokens=100.0, draft_fraction_output_tokens_up_to=230.0,
+                              source="calibration")
+    cal = _cal({cm.acceptance_key("ngram", None, "code"): fit})
+    al = {}
+    for tokens in (32, 100, 230, 2048):
+        own = make_scenario(method="ngram", draft_model=None, acceptance=None, structure="code", output_tokens=tokens,
+                            num_speculative_tokens=4, concurrency=1)
+        al[tokens] = _predict(gpus, models, own, calibration=cal)["acceptance"]["mean_acceptance_length"]
+        assert al[tokens] == pytest.approx(al_of(at_output(fit, tokens), 0.0, 4))
+        head = make_scenario(structure="code", output_tokens=tokens, num_speculative_tokens=4, concurrency=1)
+        row = next(m for m in _predict(gpus, models, head, calibration=cal)["methods"] if m["method"] == "ngram")
+        assert row["mean_acceptance_length"] == pytest.approx(
+            al_of(at_output(fit, tokens), 0.0, row["num_speculative_tokens"]))
+    assert al[32] < al[100] < al[230] == al[2048] and al[100] == pytest.approx(al_of(fit, 0.0, 4))
+    stated = make_scenario(method="ngram", draft_model=None, structure="code", output_tokens=32,
+                           acceptance=cm.AcceptanceInput(mean_acceptance_length=2.5), num_speculative_tokens=4)
+    assert _predict(gpus, models, stated, calibration=cal)["acceptance"]["mean_acceptance_length"] == pytest.approx(2.5)
+
+
 # --- acceptance words -----------------------------------------------------------------------------------------
 def test_acceptance_words_follow_vllm(gpus, models, make_scenario):
     """AL (in and out) = 1 + A/N over drafting steps; acceptance_rate = A/D; tokens per cycle carries the drafting

@@ -62,22 +62,26 @@ def test_cycles_whose_batch_drained_are_said_per_iteration():
 
 def test_drafting_along_the_output_is_said_per_structure():
     """A copy drafter's cells stopped at an output checkpoint: the share of drafting steps over the first tokens
-    against the whole generation (SmolLM2, n-gram k = 4 on the CPU build, tests/calibration/test_fit.py)."""
-    def acceptance(probe: str, structure: str, temperature: float, tokens: int, steps: int, drafts: int) -> dict:
+    against the whole generation (SmolLM2, n-gram k = 4 on the CPU build, tests/calibration/test_fit.py), and each
+    draft's acceptance where the records count the accepted tokens."""
+    def acceptance(probe: str, structure: str, temperature: float, tokens: int, steps: int, drafts: int,
+                   accepted: int | None = None) -> dict:
         return {"probe": probe, "params": {"engine": {}}, "values": {
             "label": "ngram-k4", "method": "ngram", "structure": structure, "temperature": temperature,
-            "num_prompts": 12, "output_tokens": tokens, "decode_steps": steps, "num_drafts": drafts}}
+            "num_prompts": 12, "output_tokens": tokens, "decode_steps": steps, "num_drafts": drafts,
+            **({"num_accepted_tokens": accepted} if accepted is not None else {})}}
 
-    said = findings([acceptance("acceptance", "code", 0.0, 1373, 1102, 199),
-                     acceptance("acceptance_checkpoint", "code", 0.0, 768, 675, 79),
+    said = findings([acceptance("acceptance", "code", 0.0, 1373, 1102, 199, 246),
+                     acceptance("acceptance_checkpoint", "code", 0.0, 768, 675, 79, 82),
                      acceptance("acceptance", "json", 0.0, 1300, 1000, 150),
                      acceptance("acceptance_checkpoint", "json", 0.0, 716, 579, 95),
                      acceptance("acceptance", "code", 0.7, 1373, 1102, 100),
                      acceptance("acceptance_checkpoint", "code", 0.7, 768, 675, 40)])
     assert said == ["ngram-k4's share of steps that drafted, by output length (T = 0, the same prompts stopped "
-                    "early): code 12% over 64 tokens, 18% over 114; json 16% over 60 tokens, 15% over 108. Answers "
-                    "read the share at the workload's output length, up to 2× each structure's longest output "
-                    "(217–229 tokens here); for longer outputs, calibrate with --max-tokens at their length."]
+                    "early): code 12% over 64 tokens, 18% over 114 (AL 2.04 and 2.24); json 16% over 60 tokens, 15% "
+                    "over 108. Answers read the share and each draft's acceptance at the workload's output length, up "
+                    "to 2× each structure's longest output (217–229 tokens here); for longer outputs, calibrate with "
+                    "--max-tokens at their length."]
 
 
 def test_nothing_to_say_about_unknown_records():
