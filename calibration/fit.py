@@ -78,6 +78,9 @@ MIN_REL_NOISE = 0.005  # floor of the estimated relative noise (a perfect synthe
 ACCEPTANCE_PRIOR_STD = np.array([4.0, 1.0, 2.0])  # weak prior on (a, b, c) around 0
 UNFIT_TEMPERATURE_SLOPE_STD = 0.5  # when all drafts ran at one temperature: c = 0 with this (logit) std
 LOGIT_BOUND = 12.0
+# |slope| of the acceptance logit in ln(output tokens) at most (SmolLM2's n-gram cells: -0.19 to +0.76 on the CPU
+# build, +0.10 to +0.76 on an H100): a checkpoint of few drafts cannot swing a long output's answer further
+ACCEPTANCE_OUTPUT_SLOPE_BOUND = 2.0
 
 
 # --------------------------------------------------------------------------------------------- records
@@ -763,14 +766,16 @@ def _acceptance_along_output(model: AcceptanceModel, full: list[Record], marks: 
         lo, hi = gap(-LOGIT_BOUND), gap(LOGIT_BOUND)
         return -LOGIT_BOUND if lo >= 0 else LOGIT_BOUND if hi <= 0 else float(brentq(gap, -LOGIT_BOUND, LOGIT_BOUND))
 
-    whole = {key(r): r for r in full if r.values.get("num_drafts")}
-    pairs = [(whole[key(r)], r) for r in marks if r.values.get("num_drafts") and key(r) in whole]
+    whole = {key(r): r for r in full if r.values.get("num_drafts") and _mean_output(r) > 0}
+    pairs = [(whole[key(r)], r) for r in marks
+             if r.values.get("num_drafts") and _mean_output(r) > 0 and key(r) in whole]
     x = np.array([math.log(_mean_output(c) / _mean_output(w)) for w, c in pairs])
     if not pairs or not np.any(x):
         return model
     y = np.array([shift(c) - shift(w) for w, c in pairs])
     weight = np.array([float(c.values["num_drafts"]) for _, c in pairs])
-    slope = float(np.clip(np.sum(weight * x * y) / np.sum(weight * x * x), -2.0, 2.0))
+    bound = ACCEPTANCE_OUTPUT_SLOPE_BOUND
+    slope = float(np.clip(np.sum(weight * x * y) / np.sum(weight * x * x), -bound, bound))
     drafts = np.array([float(w.values["num_drafts"]) for w in whole.values()])
     ref = float(np.exp(np.sum(drafts * np.log([_mean_output(w) for w in whole.values()])) / drafts.sum()))
     return dataclasses.replace(model, logit_output_slope=slope, logit_output_ref_tokens=ref)
