@@ -81,6 +81,10 @@ LOGIT_BOUND = 12.0
 # |slope| of the acceptance logit in ln(output tokens) at most (SmolLM2's n-gram cells: -0.19 to +0.76 on the CPU
 # build, +0.10 to +0.76 on an H100): a checkpoint of few drafts cannot swing a long output's answer further
 ACCEPTANCE_OUTPUT_SLOPE_BOUND = 2.0
+# ... and fitted only from checkpoints that drafted this often in all (fewer: one AL for every output, as before). A
+# cell's AL over n drafts moves by about 1.2 / √n tokens between samples: ±0.15 at 60, against the 30 % json gained
+# from 60 to 104 output tokens (the plan's cells: 89-306 drafts per structure on the CPU build and an H100).
+ACCEPTANCE_OUTPUT_SLOPE_MIN_DRAFTS = 60
 
 
 # --------------------------------------------------------------------------------------------- records
@@ -752,7 +756,8 @@ def _acceptance_along_output(model: AcceptanceModel, full: list[Record], marks: 
     """``model`` with its acceptance along the output: per cell (temperature, k), the intercept shift that gives the
     AL measured over the checkpoint's output and the one over the whole output, against ln of their outputs (least
     squares through the whole output's shift, weighted by the checkpoint's drafts); the reference is the whole
-    outputs' geometric mean, which the intercept was fitted over. ``model`` as it is where no cell pairs up."""
+    outputs' geometric mean, which the intercept was fitted over. ``model`` as it is where no cell pairs up or the
+    checkpoints drafted fewer than ``ACCEPTANCE_OUTPUT_SLOPE_MIN_DRAFTS`` times."""
     def key(r: Record) -> tuple[float, int]:
         return float(r.values.get("temperature", 0.0)), int(r.values.get("k") or 0)
 
@@ -770,10 +775,10 @@ def _acceptance_along_output(model: AcceptanceModel, full: list[Record], marks: 
     pairs = [(whole[key(r)], r) for r in marks
              if r.values.get("num_drafts") and _mean_output(r) > 0 and key(r) in whole]
     x = np.array([math.log(_mean_output(c) / _mean_output(w)) for w, c in pairs])
-    if not pairs or not np.any(x):
+    weight = np.array([float(c.values["num_drafts"]) for _, c in pairs])
+    if not pairs or not np.any(x) or weight.sum() < ACCEPTANCE_OUTPUT_SLOPE_MIN_DRAFTS:
         return model
     y = np.array([shift(c) - shift(w) for w, c in pairs])
-    weight = np.array([float(c.values["num_drafts"]) for _, c in pairs])
     bound = ACCEPTANCE_OUTPUT_SLOPE_BOUND
     slope = float(np.clip(np.sum(weight * x * y) / np.sum(weight * x * x), -bound, bound))
     drafts = np.array([float(w.values["num_drafts"]) for w in whole.values()])

@@ -214,7 +214,8 @@ def test_a_copy_drafters_acceptance_per_draft_grows_along_the_output_read_from_i
     checkpoints): each structure's intercept moves with ln(output / the whole outputs' geometric mean), a slope fitted
     from the checkpoints' AL against the whole cells'. Over the checkpoints' outputs (41-64 tokens) the model's AL
     comes within a median 7.3 % of the measurement (8.8 % with one AL for every length); over the whole outputs, which
-    the intercept was fitted on, 2.5 % (2.3 %). Without checkpoints there is no slope, and a, b and c are the same."""
+    the intercept was fitted on, 2.5 % (2.3 %). Without checkpoints, or with checkpoints of fewer than 60 drafts, there
+    is no slope; a, b and c are the same."""
     import statistics
 
     from advisor.costmodel.acceptance import at_output
@@ -238,6 +239,9 @@ def test_a_copy_drafters_acceptance_per_draft_grows_along_the_output_read_from_i
             for name, model in (("along", at_output(along, _mean_output(r))), ("flat", flat)):
                 error = abs(al_of(model, v["temperature"], v["k"]) / measured - 1)
                 errors.setdefault((r.probe, name), []).append(error)
+    # a checkpoint of few drafts (prose at T = 1 alone: 27) moves nothing: one AL for every output
+    few = [r for r in records if r["values"].get("structure") == "prose" and r["values"].get("temperature") == 1.0]
+    assert fit_acceptance(few, "ngram", None, "prose").params.logit_output_slope == 0.0
     json_fit = fit_acceptance(records, "ngram", None, "json").params
     assert json_fit.logit_output_slope == pytest.approx(0.584, abs=5e-4)  # 1.98 over 60 tokens at T = 0, 2.64 over 104
     assert json_fit.logit_output_ref_tokens == pytest.approx(97.7, abs=0.05)
