@@ -739,7 +739,7 @@ def fit_acceptance(records: Iterable[Any], method: str, drafter: str | None, str
             continue
         k = int(v.get("k") or len(v.get("accepted_per_pos") or []))
         pred = al_of(model, float(v.get("temperature", 0.0)), k)
-        meas = 1.0 + float(v["num_accepted_tokens"]) / float(v["num_drafts"])
+        meas = _measured_al(r)
         residuals.append((pred - meas) / meas)
         points.append({"temperature": float(v.get("temperature", 0.0)), "k": k, "num_drafts": int(v["num_drafts"]),
                        "measured_al": meas, "predicted_al": pred,
@@ -763,7 +763,7 @@ def _acceptance_along_output(model: AcceptanceModel, full: list[Record], marks: 
 
     def shift(r: Record) -> float:  # the intercept shift whose AL over the record's drafted steps is the measured one
         t, k = key(r)
-        al = 1.0 + float(r.values["num_accepted_tokens"]) / float(r.values["num_drafts"])
+        al = _measured_al(r)
 
         def gap(d: float) -> float:
             return al_of(dataclasses.replace(model, logit_intercept=model.logit_intercept + d), t, k) - al
@@ -784,6 +784,11 @@ def _acceptance_along_output(model: AcceptanceModel, full: list[Record], marks: 
     drafts = np.array([float(w.values["num_drafts"]) for w in whole.values()])
     ref = float(np.exp(np.sum(drafts * np.log([_mean_output(w) for w in whole.values()])) / drafts.sum()))
     return dataclasses.replace(model, logit_output_slope=slope, logit_output_ref_tokens=ref)
+
+
+def _measured_al(record: Record) -> float:
+    """AL of an acceptance record that drafted: vLLM's 1 + accepted / drafts (design.md §2)."""
+    return 1.0 + float(record.values["num_accepted_tokens"]) / float(record.values["num_drafts"])
 
 
 def _mean_output(record: Record) -> float:
