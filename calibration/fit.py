@@ -13,7 +13,8 @@ probe dataclasses of :mod:`calibration.probes` minus ``probe``/``engine``/``envi
   otherwise indistinguishable from ``fixed_overhead_s``); ``proposer_overhead_s`` when whole draft-model cycles
   were timed; ``rejection_sampling_s_per_seq`` when verify steps were timed at T = 0 and T > 0, and
   ``rejection_sampling_s_per_draft`` when those at T > 0 include steps that drafted nothing (q = 1);
-  ``draft_sampling_s_per_token`` when draft-model cycles were timed at T > 0.
+  ``draft_sampling_s_per_token`` when draft-model cycles were timed at T > 0; ``per_sequence_overhead_s`` when an
+  EAGLE-path head's cycles were timed at two batch sizes or more (``HEAD_METHODS``).
 - :func:`fit_prefill` -- ``PrefillParams`` (compute efficiency, fixed overhead) from time-to-first-token over
   prompt lengths, through :func:`advisor.costmodel.steptime.prefill_time_s`.
 - :func:`fit_acceptance` -- ``AcceptanceModel``: logistic conditional acceptance ``c_i(T) = sigmoid(a + b·i +
@@ -50,6 +51,12 @@ from advisor.costmodel.types import (AcceptanceModel, GpuSpec, ModelSpec, Prefil
                                      acceptance_key)
 
 SOURCE = "calibration"
+# Drafters that vLLM 0.24 runs on the EAGLE path (Model Runner V2, async scheduling): their cycles at several batch
+# sizes determine the per-sequence host cost of a cycle, which that path does on the GPU (the heads' fits read 0, where
+# the default 20 us charged a cycle of 256 sequences 5 ms and bent their compute efficiency up: docs/gpu-closed-loop.md
+# "The heads' per-sequence cost"). The V1 path's draft-model and n-gram cycles keep the default: freed there, their
+# thirteen calibrations predicted their leases no better (a mean 15.3 -> 15.7 %).
+HEAD_METHODS = ("eagle", "eagle3", "mtp")
 STEP_COV_FIELDS = ("bandwidth_efficiency", "compute_efficiency", "fixed_overhead_s")  # StepTimeParams.covariance
 PREFILL_COV_FIELDS = ("compute_efficiency", "fixed_overhead_s")  # PrefillParams.covariance
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -335,6 +342,8 @@ def step_free_parameters(points: Sequence[StepPoint]) -> list[str]:
         free.append("per_layer_overhead_s")
     if any(p.kind == "cycle" and p.draft is not None for p in points):
         free.append("proposer_overhead_s")
+    if len({p.batch for p in points if p.kind == "cycle" and p.method in HEAD_METHODS}) >= 2:
+        free.append("per_sequence_overhead_s")
     verify = [p for p in points if p.q > 1 or p.kind == "spec_step"]
     hot = [p for p in verify if p.temperature > 0]
     if hot and any(p.temperature == 0 for p in verify):

@@ -63,15 +63,16 @@ def _summary(run: Path, calibration: Path | None, stored: str) -> tuple[dict, li
 
 
 def test_an_eagle3_head_in_steady_state_by_the_h100_profile():
-    """EAGLE-3 (k = 3, synthetic 0.5 and 0.8, B = 1-256) by the shipped H100 profile: a median 3.6 % on the
-    throughput at B in flight, every interval covering, the one sign missed at break-even (measured 1.01×, predicted
-    0.97×, answered "calibrate"); the decode time per token alone within a median 8 %."""
+    """EAGLE-3 (k = 3, synthetic 0.5 and 0.8, B = 1-256) by the shipped H100 profile: a median 2.7 % on the
+    throughput at B in flight, every interval covering and every sign right (before the heads' fits left the
+    per-sequence cost free: 3.6 %, the sign at break-even missed, B = 256 measured 1.01× and predicted 0.97×); the
+    decode time per token alone within a median 7.5 %."""
     s, points = _summary(EAGLE3, None, "steady-result-profile.json")
-    assert s["points"] == 12 and s["median_abs_error_pct"] == pytest.approx(3.6, abs=0.2)
-    assert s["intervals_cover"] == 12 and s["signs_right"] == 11 and s["wrong_verdicts"] == 0
-    miss = next(p for p in points if (p.predicted > 1) != (p.measured > 1))
-    assert miss.decision == "calibrate" and abs(miss.measured - 1) < 0.02
-    assert s["decode_median_abs_error_pct"] == pytest.approx(8.0, abs=0.5)
+    assert s["points"] == 12 and s["median_abs_error_pct"] == pytest.approx(2.7, abs=0.2)
+    assert s["intervals_cover"] == 12 and s["signs_right"] == 12 and s["wrong_verdicts"] == 0
+    edge = max(points, key=lambda p: p.batch_size * p.acceptance)  # B = 256 at 0.8: at break-even
+    assert edge.decision == "calibrate" and abs(edge.measured - 1) < 0.02 and edge.predicted >= 1
+    assert s["decode_median_abs_error_pct"] == pytest.approx(7.5, abs=0.5)
 
 
 def test_a_draft_model_in_steady_state_follows_the_host_as_in_the_closed_loop():
