@@ -2073,8 +2073,9 @@ def test_run26_an_eagle3_head_and_n_gram_at_1k_token_prompts_by_the_h100_profile
     (k = 3) and n-gram (k = 3) at 0.5 and 0.8, B = 1-256, predicted by the shipped H100 profile (n-gram's drafted
     fraction from run 22's calibration): within a median 2.5 % (4.6 % before the heads' fits left the per-sequence
     cost free), 23 / 24 signs (the miss at break-even, "calibrate"), every interval covering and no wrong verdict.
-    The heads' refit with the long-context steps holds end to end at a context it never timed: EAGLE-3 +0 to +6 %. n-gram reads -12 to +3 %: priced by the V1 path's joint fit, whose
-    cycles are long ("n-gram's own engine path, end to end")."""
+    The heads' refit with the long-context steps holds end to end at a context it never timed: EAGLE-3 +0 to +6 %.
+    n-gram reads -12 to +3 %: priced by the V1 path's joint fit, whose cycles are long ("n-gram's own engine path,
+    end to end")."""
     run = RUN.parent / "h100-vllm0.24-run26-1k"
     out = tmp_path / "closed-loop-result-profile.json"
     gcl.analyze(run, out, H100_RUN22, profile=True)

@@ -56,7 +56,8 @@ def test_one_server_sustains_what_the_planner_and_the_answer_say(app):
     its decode steps under one roofline, as the planner's step clock has them. A known miss: the answer for the
     baseline engine (a scenario naming no speculator) is its best candidate's, EAGLE-3's, whose baseline side the
     head's engine fit prices; that fit prices a plain step of 256 sequences 10-11 % fast (in sample, on both GPUs),
-    so the rate it quotes without speculation is 13 % high (14-15 % before the heads' per-sequence cost was fitted) (docs/gpu-closed-loop.md, "An open loop")."""
+    so the rate it quotes without speculation is 13 % high (14-15 % before the heads' per-sequence cost was fitted;
+    docs/gpu-closed-loop.md, "An open loop")."""
     with app.app_context():
         for name, rows in _engines():
             over = next(r for r in rows if r["phase"] == "overload")
