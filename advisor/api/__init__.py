@@ -1,14 +1,45 @@
 """REST API under /v1: one blueprint per resource."""
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 import flask_smorest
 import marshmallow as ma
 from flask_smorest import Page
 from webargs import core
 from webargs.flaskparser import FlaskParser, is_json_request
 from werkzeug.exceptions import BadRequest, NotFound
+from werkzeug.datastructures import MultiDict
 from werkzeug.routing import BaseConverter
 
 from ..errors import InvalidPathId, loads_bounded
 from ..schemas import MAX_ID
+
+
+class QueryArgs(Mapping):
+    """A request's query arguments as webargs reads them, without an exception per absent field: werkzeug's
+    ``MultiDict.get`` raises and catches a ``BadRequestKeyError`` (an HTTP exception, built with its message) for
+    each key it lacks, and webargs asks for every field of the schema (nine on a list page: 20 us of its ~300)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args: MultiDict) -> None:
+        self.args = args
+
+    def get(self, key: str, default: Any = None) -> Any:
+        values = dict.get(self.args, key)  # a MultiDict maps each key to the list of its values, never empty
+        return values[0] if values else default
+
+    def getlist(self, key: str) -> list:
+        return self.args.getlist(key)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.args[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.args)
+
+    def __len__(self) -> int:
+        return len(self.args)
 
 
 class BoundedParser(FlaskParser):
@@ -27,6 +58,9 @@ class BoundedParser(FlaskParser):
                 instance = self._instances[argmap] = argmap()
             return instance
         return super()._get_schema(argmap, req)
+
+    def load_querystring(self, req, schema):  # noqa: ANN001, ANN201
+        return self._makeproxy(QueryArgs(req.args), schema)
 
     def _raw_load_json(self, req):  # noqa: ANN001, ANN202
         if not is_json_request(req):

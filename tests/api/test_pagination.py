@@ -35,3 +35,24 @@ def test_the_comparison_sees_every_field():
                                "previous_page": 2}
     assert meta(4, 10, 25) == {"total": 25, "total_pages": 3, "first_page": 1, "last_page": 3}
     assert meta(1, 10, 10) == {"total": 10, "total_pages": 1, "first_page": 1, "last_page": 1, "page": 1}
+
+
+def test_a_list_page_reads_its_query_without_an_exception_per_absent_field(client, monkeypatch):
+    """webargs asks the query string for every field of the list's two schemas; werkzeug's ``MultiDict.get`` built
+    and caught a ``BadRequestKeyError`` for each one absent (nine per page, ~20 us of a page's ~300 in process).
+    ``QueryArgs`` reads the same values without; a repeated key gives its first value, as before."""
+    from werkzeug.exceptions import BadRequestKeyError
+
+    built = []
+    original = BadRequestKeyError.__init__
+    monkeypatch.setattr(BadRequestKeyError, "__init__",
+                        lambda self, *a, **k: built.append(a) or original(self, *a, **k))
+    from advisor.schemas import RecommendationListQuerySchema
+
+    page = client.get("/v1/recommendations?page_size=2&page_size=3&method=eagle")
+    assert page.status_code == 200 and json.loads(page.headers["X-Pagination"])["total"] == 0
+    fields = {*RecommendationListQuerySchema().fields, "page"}
+    assert [key for (key, *_) in built if key in fields] == []
+    assert client.get("/v1/recommendations/compare?ids=1,2").status_code == 404  # read, then not found
+    short = client.get("/v1/recommendations/compare?ids=1&ids=2,3")  # a repeated key: its first value
+    assert short.status_code == 422 and "ids" in short.get_data(as_text=True)
