@@ -52,10 +52,10 @@ from advisor.costmodel.types import (AcceptanceModel, GpuSpec, ModelSpec, Prefil
 
 SOURCE = "calibration"
 # Drafters that vLLM 0.24 runs on the EAGLE path (Model Runner V2, async scheduling): their cycles at several batch
-# sizes determine the per-sequence host cost of a cycle, which that path does on the GPU (the heads' fits read 0, where
-# the default 20 us charged a cycle of 256 sequences 5 ms and bent their compute efficiency up: docs/gpu-closed-loop.md
-# "The heads' per-sequence cost"). The V1 path's draft-model and n-gram cycles keep the default: freed there, their
-# thirteen calibrations predicted their leases no better (a mean 15.3 -> 15.7 %).
+# sizes determine the per-sequence host cost of a cycle, which that path does not pay (every head's fit reads 0; the
+# default 20 us charged a cycle of 256 sequences 5 ms and bent the fits' compute efficiency up: docs/gpu-closed-loop.md
+# "The heads' per-sequence cost, fitted"). The V1 path's draft-model and n-gram cycles keep the default: freed there,
+# their thirteen calibrations predicted their leases no better (a mean 15.3 -> 15.7 %).
 HEAD_METHODS = ("eagle", "eagle3", "mtp")
 STEP_COV_FIELDS = ("bandwidth_efficiency", "compute_efficiency", "fixed_overhead_s")  # StepTimeParams.covariance
 PREFILL_COV_FIELDS = ("compute_efficiency", "fixed_overhead_s")  # PrefillParams.covariance

@@ -7,8 +7,8 @@ import marshmallow as ma
 from flask_smorest import Page
 from webargs import core
 from webargs.flaskparser import FlaskParser, is_json_request
-from werkzeug.exceptions import BadRequest, NotFound
 from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import BadRequest, NotFound
 from werkzeug.routing import BaseConverter
 
 from ..errors import InvalidPathId, loads_bounded
