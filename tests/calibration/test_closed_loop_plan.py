@@ -204,9 +204,10 @@ def test_acceptance_on_the_users_own_prompts_fixes_the_sql_transfer(name, measur
     prompts per structure in the held-out workloads' voice, none of theirs; 230 s), priced with each stored run's
     timing as the service prices an acceptance-only run (docs/closed-loop.md). sql-b1, priced 19-28 % low from our
     prompts, comes within 5 % on all seven, and on the fresh run of 2026-12-08 (AVX-512 AMD EPYC, the plan with its
-    output checkpoints, 128-token outputs: 11.9 % from our prompts, 11.8 % from the sample, both over the target). json-b3's sign, missed at break-even on five of the seven from our
-    prompts, is right on six; on the fresh run of 09:27 it stays below 1 (0.97x, measured 1.15x). rag-b6 leaves the
-    interval: the sample's RAG questions draft on 29 % of steps, the workload's on 36-40 %."""
+    output checkpoints, 128-token outputs: 11.9 % from our prompts, 11.8 % from the sample, both over the target).
+    json-b3's sign, missed at break-even on five of the seven from our prompts, is right on six; on the fresh run of
+    09:27 it stays below 1 (0.97x, measured 1.15x). rag-b6 leaves the interval: the sample's RAG questions draft on
+    29 % of steps, the workload's on 36-40 %."""
     records = [r for r in _load(f"{name}-records.jsonl")
                if long_step or not (r["probe"] == "step_time" and r["values"].get("context_len", 0) > 500)]
     measurements = _load(f"{measured or name}-measurements.jsonl")

@@ -2118,8 +2118,8 @@ def test_run27_heads_on_a_fresh_h100_lease_by_the_refitted_profile(tmp_path, cap
     assert (len(beyond), len(inside)) == (8, 28) and statistics.median(inside) < 0.09 < 0.2 < statistics.median(beyond)
 
     def walls(run: Path) -> dict:
-        return {(r["engine"], r.get("acceptance"), r["batch_size"]):
-                statistics.median(x["wall_s"] for x in r["rounds"]) for r in gcl.load_jsonl(run / "measurements.jsonl")}
+        return {(r["engine"], r.get("acceptance"), r["batch_size"]): gcl._wall_s(r)
+                for r in gcl.load_jsonl(run / "measurements.jsonl")}
 
     now = walls(RUN.parent / "h100-vllm0.24-run27-eagle3")
     then = walls(H100_RUN22.with_name(H100_RUN22.name + "-eagle3"))
